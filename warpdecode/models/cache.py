@@ -1,0 +1,151 @@
+"""Static, preallocated KV cache with per-row lengths.
+
+Layout: `k`, `v` are `(L, B, Hkv, S, D)`; row `b` holds `lengths[b]` valid positions. A backbone
+forward over `T` new tokens writes them at slots `lengths[b] .. lengths[b] + T - 1` and then
+advances `lengths` by `T` (append). Speculative decoding rolls back with `truncate` or, after a tree
+forward, keeps only the accepted root-to-leaf path with `commit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from warpdecode.errors import ConfigError
+from warpdecode.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Where one forward's `T` new tokens go, shared by every layer of that forward.
+
+    `uniform_start` is set when every row starts at the same slot (plain slicing); otherwise
+    `rows`/`slots` are `(B, T)` int64 index tensors for advanced indexing.
+    """
+
+    start: Tensor  # (B,) int64, lengths before the write
+    num_new: int  # T
+    used: int  # S_used = max(start) + T, the key length attention needs to look at
+    uniform_start: int | None
+    rows: Tensor | None  # (B, T) int64
+    slots: Tensor | None  # (B, T) int64
+
+
+class KVCache:
+    """Preallocated keys/values for `batch` rows of up to `max_len` positions each."""
+
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if batch <= 0 or max_len <= 0:
+            raise ConfigError(f"cache needs batch > 0 and max_len > 0, got batch={batch}, max_len={max_len}")
+        shape = (n_layer, batch, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        self.lengths = torch.zeros(batch, dtype=torch.int64)  # (B,) on CPU: read every step, never synced
+        self.max_len = max_len
+
+    @classmethod
+    def for_model(
+        cls,
+        config: ModelConfig,
+        batch: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> KVCache:
+        if max_len > config.max_seq_len:
+            raise ConfigError(f"cache length {max_len} exceeds the model's context of {config.max_seq_len} tokens")
+        return cls(config.n_layer, batch, config.kv_head_count, max_len, config.head_width, dtype=dtype, device=device)
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def plan_write(self, num_new: int) -> WritePlan:
+        """Check capacity and compute the slots for `num_new` tokens per row."""
+        start = self.lengths.clone()
+        top = int(start.max()) + num_new
+        if top > self.max_len:
+            raise ConfigError(
+                f"sequence of {top} tokens does not fit the KV cache of {self.max_len} positions "
+                f"(prompt plus new tokens exceed the context)"
+            )
+        first = int(start[0])
+        if bool((start == first).all()):
+            return WritePlan(start, num_new, top, first, None, None)
+        device = self.k.device
+        slots = (start[:, None] + torch.arange(num_new)).to(device)  # (B, T)
+        rows = torch.arange(self.batch, device=device)[:, None].expand(-1, num_new)  # (B, T)
+        return WritePlan(start, num_new, top, None, rows, slots)
+
+    def write(self, layer: int, k: Tensor, v: Tensor, plan: WritePlan) -> tuple[Tensor, Tensor]:
+        """Store this layer's new keys/values and return the keys/values attention should read.
+
+        Args:
+            k, v: (B, Hkv, T, D) new keys / values.
+        Returns:
+            (B, Hkv, S_used, D) keys and values, cached positions followed by the new ones.
+        """
+        if plan.uniform_start is not None:
+            s = plan.uniform_start
+            self.k[layer, :, :, s : s + plan.num_new] = k
+            self.v[layer, :, :, s : s + plan.num_new] = v
+        else:
+            # Advanced indices separated by a slice put the indexed dims first: (B, T, Hkv, D).
+            self.k[layer][plan.rows, :, plan.slots] = k.transpose(1, 2)
+            self.v[layer][plan.rows, :, plan.slots] = v.transpose(1, 2)
+        return self.k[layer, :, :, : plan.used], self.v[layer, :, :, : plan.used]
+
+    def advance(self, plan: WritePlan) -> None:
+        self.lengths = plan.start + plan.num_new
+
+    def truncate(self, lengths: Tensor | list[int] | int) -> None:
+        """Roll rows back to `lengths` (B,) valid positions; never grows a row."""
+        new = torch.as_tensor(lengths, dtype=torch.int64).expand(self.batch).clone()
+        if bool((new > self.lengths).any()) or bool((new < 0).any()):
+            raise ValueError(f"truncate to {new.tolist()} but rows hold {self.lengths.tolist()}")
+        self.lengths = new
+
+    def commit(self, tree_start: Tensor, path: Tensor, num_accepted: Tensor) -> None:
+        """Keep an accepted root-to-leaf path of the last tree forward and drop the other nodes.
+
+        The tree's N nodes were written at slots `tree_start[b] + n`. Node `path[b, i]` moves to slot
+        `tree_start[b] + i` for `i < num_accepted[b]`, and the row's length becomes
+        `tree_start[b] + num_accepted[b]`.
+
+        Example: tree nodes at slots 10..14, accepted path `[0, 2, 4]` → slots 10, 12, 14 are copied to
+        10, 11, 12 and the row holds 13 positions.
+
+        Args:
+            tree_start: (B,) int64, row lengths before the tree forward.
+            path: (B, A) int64 node indices, padded arbitrarily past `num_accepted`.
+            num_accepted: (B,) int64, accepted nodes per row (0..A).
+        """
+        tree_start = tree_start.to(torch.int64).cpu()
+        num_accepted = num_accepted.to(torch.int64).cpu()
+        width = path.shape[1]
+        if width:
+            device = self.k.device
+            src = (tree_start[:, None] + path.cpu().to(torch.int64)).to(device)  # (B, A)
+            dst = (tree_start[:, None] + torch.arange(width)).to(device)  # (B, A)
+            keep = (torch.arange(width)[None, :] < num_accepted[:, None]).to(device)  # (B, A)
+            src = torch.where(keep, src, dst)  # padded entries copy a slot onto itself
+            rows = torch.arange(self.batch, device=device)[:, None].expand(-1, width)
+            # Gather first, then scatter: source and destination slots may overlap.
+            k_path = self.k[:, rows, :, src]  # (B, A, L, Hkv, D)
+            v_path = self.v[:, rows, :, src]
+            self.k[:, rows, :, dst] = k_path
+            self.v[:, rows, :, dst] = v_path
+        self.lengths = tree_start + num_accepted

@@ -1,0 +1,148 @@
+"""Load and save model directories (Hugging Face layout: config.json, *.safetensors, tokenizer files).
+
+`load_pretrained` accepts a model directory, a `.gguf` file or a registered model name; GGUF files
+and names are converted once into the cache directory (`$WARPDECODE_CACHE`, default
+`~/.cache/warpdecode`) and loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from warpdecode.errors import CheckpointError
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.importers.gguf import read_gguf
+from warpdecode.models.importers.hf import config_from_hf, config_to_hf, state_dict_from_hf, state_dict_to_hf
+from warpdecode.models.named import NAMED_MODELS, named_model_gguf
+from warpdecode.models.tokenizer import Tokenizer
+from warpdecode.models.transformer import Transformer
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode"))
+
+
+def write_checkpoint(
+    directory: Path, config: ModelConfig, hf_weights: dict[str, Tensor], tokenizer: Tokenizer | None
+) -> None:
+    """Write a Hugging Face-layout checkpoint atomically (a half-written directory never appears)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
+        save_file({k: v.contiguous() for k, v in hf_weights.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_pretrained(model: Transformer, tokenizer: Tokenizer | None, directory: str | Path) -> None:
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    write_checkpoint(Path(directory), model.config, state_dict_to_hf(state, model.config), tokenizer)
+
+
+def convert(source: str | Path, out: str | Path) -> Path:
+    """Convert a HF directory, a GGUF file or a registered name into a warpdecode model directory."""
+    out = Path(out)
+    if str(source) in NAMED_MODELS:
+        source = named_model_gguf(str(source))
+    source = Path(source)
+    if source.suffix == ".gguf":
+        config, weights, tokenizer = read_gguf(source)
+    elif source.is_dir():
+        config, weights = _read_hf_dir(source)
+        tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
+    else:
+        raise CheckpointError(
+            f"{source} is not a model directory, a .gguf file or a known model name "
+            f"(known: {', '.join(sorted(NAMED_MODELS))})"
+        )
+    if config.tie_embeddings:
+        weights.pop("lm_head.weight", None)
+    write_checkpoint(out, config, weights, tokenizer)
+    return out
+
+
+def resolve(source: str | Path) -> Path:
+    """A loadable model directory for `source`, converting names and GGUF files into the cache once."""
+    name = str(source)
+    if name in NAMED_MODELS:
+        target = cache_dir() / "models" / name
+    elif name.endswith(".gguf"):
+        path = Path(name).resolve()
+        if not path.is_file():
+            raise CheckpointError(f"GGUF file not found: {path}")
+        stat = path.stat()
+        key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        target = cache_dir() / "models" / f"{path.stem}-{key}"
+    else:
+        path = Path(name)
+        if not path.exists():
+            raise CheckpointError(
+                f"model {name!r} not found: not a directory, a .gguf file or a known model name "
+                f"(known: {', '.join(sorted(NAMED_MODELS))})"
+            )
+        return path
+    if not (target / "config.json").is_file():
+        convert(name, target)
+    return target
+
+
+def _read_hf_dir(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"no config.json in {directory}")
+    try:
+        config = config_from_hf(json.loads(config_path.read_text()))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"corrupt {config_path}: {e}") from e
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no .safetensors weights in {directory}")
+    weights: dict[str, Tensor] = {}
+    for file in files:
+        try:
+            weights.update(load_file(str(file)))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"corrupt weights file {file}: {e}") from e
+    return config, weights
+
+
+def load_pretrained(
+    source: str | Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> tuple[Transformer, Tokenizer]:
+    """Load a model and its tokenizer from a directory, a `.gguf` file or a registered name."""
+    directory = resolve(source)
+    config, hf_weights = _read_hf_dir(directory)
+    state = state_dict_from_hf(hf_weights, config)
+    with torch.device("meta"):
+        model = Transformer(config)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as e:  # shape mismatch between config.json and the weights
+        raise CheckpointError(f"weights in {directory} do not match its config.json: {e}") from e
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {directory} is incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if config.position == "rope":  # non-persistent buffer, rebuilt off the meta device
+        from warpdecode.models.transformer import rope_inv_freq
+
+        model.inv_freq = rope_inv_freq(config)
+    model = model.to(device=device, dtype=dtype).eval()
+    return model, Tokenizer.load(directory)

@@ -1,0 +1,1 @@
+"""Checkpoint layout conversion: Hugging Face safetensors/config.json and GGUF files."""

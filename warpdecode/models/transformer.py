@@ -1,0 +1,262 @@
+"""A compact decoder-only transformer: Llama / SmolLM2, Qwen2 and GPT-2 through config fields.
+
+One forward serves training, prefill, incremental decoding, tree verification and bidirectional
+(diffusion-LM) use: `(tokens, positions, cache, attention_mask, hidden_layers)` → logits plus the
+requested hidden states.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from warpdecode.errors import ConfigError
+from warpdecode.models.cache import KVCache, WritePlan
+from warpdecode.models.config import ModelConfig
+
+
+@dataclass
+class BackboneOutput:
+    logits: Tensor  # (B, T, V) float
+    hidden_states: dict[int, Tensor] = field(default_factory=dict)
+    """Layer index → (B, T, C). Index i < L is the residual stream after i blocks (0 = embeddings);
+    index L is the final normed output that feeds the LM head (the Hugging Face convention)."""
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 like the reference implementations, then cast back.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+def rope_inv_freq(config: ModelConfig) -> Tensor:
+    """Rotary inverse frequencies (D/2,), with the `linear` and `llama3` scaling variants."""
+    dim = config.head_width
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq.float()
+    if kind == "linear":
+        return (inv_freq / float(scaling["factor"])).float()
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled).float()
+    raise ConfigError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_head_count, config.head_width
+        self.q_proj = nn.Linear(config.d_model, self.n_head * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.d_model, bias=config.out_bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None,
+        mask: Tensor | None,
+        is_causal: bool,
+        cache: KVCache | None,
+        layer: int,
+        plan: WritePlan | None,
+    ) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        if rope is not None:
+            cos, sin = rope  # (B, 1, T, D) each
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            assert plan is not None
+            k, v = cache.write(layer, k, v, plan)  # (B, Hkv, S_used, D)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
+        )  # (B, H, T, D)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gated = config.mlp == "swiglu"
+        if self.gated:
+            self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gated:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config)
+        self.mlp_norm = make_norm(config)
+        self.mlp = MLP(config)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = make_norm(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.position == "rope":
+            self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def init_weights(self, std: float = 0.02) -> None:
+        """Random initialisation for training from scratch (GPT-2 style, scaled residual projections)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, std=std / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(p, std=std)
+
+    def output_embeddings(self) -> Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = positions[:, :, None].float() * self.inv_freq  # (B, T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, D)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _full_mask(self, new_mask: Tensor | None, plan: WritePlan, device: torch.device) -> Tensor | None:
+        """Mask over cached + new keys, (B, 1, T, S_used) bool; None when every key is visible.
+
+        Cached positions of a row are always visible; new positions follow `new_mask` (B, T, T), or
+        the config's default pattern (causal or bidirectional) when it is None.
+        """
+        T, S = plan.num_new, plan.used
+        if new_mask is None:
+            if not self.config.causal or T == 1:
+                new_mask = None if plan.uniform_start is not None else torch.ones(1, T, T, dtype=torch.bool)
+            else:
+                new_mask = torch.ones(T, T, dtype=torch.bool).tril()[None]
+            if new_mask is None:
+                return None
+        start = plan.start.to(device)[:, None]  # (B, 1)
+        rel = torch.arange(S, device=device)[None, :] - start  # (B, S) key index relative to the first new token
+        in_new = (rel >= 0) & (rel < T)
+        cols = rel.clamp(0, T - 1)[:, None, :].expand(-1, T, -1)  # (B, T, S)
+        new_mask = new_mask.to(device).expand(plan.start.shape[0], T, T)
+        visible = torch.where(in_new[:, None, :], new_mask.gather(2, cols), (rel < 0)[:, None, :])
+        return visible[:, None]  # (B, 1, T, S)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+        logits_slice: slice | None = None,
+    ) -> BackboneOutput:
+        """Run the backbone over `T` new tokens per row.
+
+        Args:
+            tokens: (B, T) int64 token ids.
+            positions: (B, T) int64 position ids; defaults to the row's cache length + arange(T).
+            cache: KV cache to read and append to (its lengths advance by T), or None for a
+                cache-free forward over the whole sequence (training).
+            attention_mask: (B, T, T) or (B, 1, T, T) bool, which new tokens each new token attends
+                to (a tree mask); cached positions are always visible. None: the config's default
+                (causal, or bidirectional for diffusion LMs).
+            hidden_layers: indices of hidden states to return (see `BackboneOutput`).
+            logits_slice: compute logits only for this slice of the T positions (e.g. the last one
+                at prefill).
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        if cache is not None and cache.batch != B:
+            raise ValueError(f"cache holds {cache.batch} rows but tokens have batch {B}")
+        if attention_mask is not None:
+            if attention_mask.dim() == 4:
+                attention_mask = attention_mask[:, 0]
+            if attention_mask.shape[-2:] != (T, T):
+                raise ValueError(f"attention_mask must be (B, {T}, {T}), got {tuple(attention_mask.shape)}")
+        plan = cache.plan_write(T) if cache is not None else None
+        if positions is None:
+            base = plan.start[:, None] if plan is not None else torch.zeros(B, 1, dtype=torch.int64)
+            positions = (base + torch.arange(T)).to(tokens.device)
+        elif positions.shape != tokens.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
+
+        x = self.embed(tokens)  # (B, T, C)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        else:
+            rope = self._rope(positions, x.dtype)
+
+        if plan is None:
+            is_causal = attention_mask is None and self.config.causal
+            mask = None if attention_mask is None else attention_mask[:, None].to(x.device)
+        else:
+            is_causal = False
+            mask = self._full_mask(attention_mask, plan, x.device)
+
+        wanted = set(hidden_layers)
+        hidden: dict[int, Tensor] = {}
+        for i, block in enumerate(self.blocks):
+            if i in wanted:
+                hidden[i] = x
+            x = x + block.attn(block.attn_norm(x), rope, mask, is_causal, cache, i, plan)
+            x = x + block.mlp(block.mlp_norm(x))
+        x = self.norm(x)
+        if self.config.n_layer in wanted:
+            hidden[self.config.n_layer] = x
+        if cache is not None:
+            assert plan is not None
+            cache.advance(plan)
+        if logits_slice is not None:
+            x = x[:, logits_slice]
+        logits = F.linear(x, self.output_embeddings())  # (B, T', V)
+        return BackboneOutput(logits=logits, hidden_states=hidden)
