@@ -1,0 +1,51 @@
+"""`warpdecode` entry point: fit|validate|test through LightningCLI, the rest through jsonargparse."""
+
+from __future__ import annotations
+
+import sys
+
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
+
+
+def _normalise_flags(argv: list[str]) -> list[str]:
+    """Accept `--max-new-tokens` as well as `--max_new_tokens`; `--json` is `--json_output`."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--"):
+            name, sep, value = arg[2:].partition("=")
+            if name == "json":  # a bare switch, as users expect from --json
+                name, sep, value = "json_output", "=", value or "true"
+            name = name.replace("-", "_")
+            arg = f"--{name}{sep}{value}"
+        out.append(arg)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    import torch
+
+    torch.set_flush_denormal(True)
+    if argv and argv[0] in LIGHTNING_SUBCOMMANDS:
+        from warpdecode.modules.lightning_cli import main as lightning_main
+
+        lightning_main(argv)
+        return
+
+    from jsonargparse import CLI, set_parsing_settings
+
+    from warpdecode import commands
+    from warpdecode.errors import WarpdecodeError
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    try:
+        CLI([commands.convert, commands.generate], args=_normalise_flags(argv), as_positional=True)
+    except WarpdecodeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
