@@ -8,15 +8,17 @@ LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
 
 
 def _normalise_flags(argv: list[str]) -> list[str]:
-    """Accept `--max-new-tokens` as well as `--max_new_tokens`; `--json` is `--json_output`."""
+    """Accept `--max-new-tokens` as well as `--max_new_tokens`; a bare `--json` means `--json_output=true`."""
     out = []
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if arg.startswith("--"):
             name, sep, value = arg[2:].partition("=")
-            if name == "json":  # a bare switch, as users expect from --json
-                name, sep, value = "json_output", "=", value or "true"
-            name = name.replace("-", "_")
-            arg = f"--{name}{sep}{value}"
+            if name == "json":
+                following = argv[i + 1].lower() if i + 1 < len(argv) else ""
+                name = "json_output"
+                if not sep and following not in ("true", "false"):
+                    sep, value = "=", "true"
+            arg = f"--{name.replace('-', '_')}{sep}{value}"
         out.append(arg)
     return out
 

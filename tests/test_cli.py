@@ -1,0 +1,99 @@
+"""The `warpdecode` command line: convert, generate, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from warpdecode.cli import main
+from warpdecode.models.checkpoint import load_pretrained, save_pretrained
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.tokenizer import train_bpe
+from warpdecode.models.transformer import Transformer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tokenizer = train_bpe(["print('hello world')\n", "for i in range(10):\n    pass\n"] * 20, vocab_size=300)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64, max_seq_len=48,
+                         eos_token_ids=[tokenizer.eos_token_id])
+    torch.manual_seed(0)
+    model = Transformer(config)
+    model.init_weights(std=0.3)
+    directory = tmp_path_factory.mktemp("tiny")
+    save_pretrained(model, tokenizer, directory)
+    return directory
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def test_generate_json(model_dir, capsys):
+    main(["generate", "--model", str(model_dir), "--prompt", "print(", "--max-new-tokens", "6", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["new_tokens"] == len(out["token_ids"]) <= 6
+    model, tokenizer = load_pretrained(model_dir)
+    assert out["text"] == tokenizer.decode(out["token_ids"])
+    assert set(out["stats"]) >= {"new_tokens", "target_forwards", "seconds", "tokens_per_second"}
+
+
+def test_generate_streams_text(model_dir, capsys):
+    main(["generate", "--model", str(model_dir), "--prompt", "for i", "--max_new_tokens", "5", "--json", "false"])
+    captured = capsys.readouterr()
+    assert "tok/s" in captured.err and captured.out.endswith("\n")
+
+
+def test_convert_hf_directory_roundtrip(model_dir, tmp_path, capsys):
+    main(["convert", str(model_dir), str(tmp_path / "out")])
+    a, _ = load_pretrained(model_dir)
+    b, _ = load_pretrained(tmp_path / "out")
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(a(tokens).logits, b(tokens).logits)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--model", "no-such-model", "--prompt", "x"], "not found"),
+        (["generate", "--prompt", "x", "--temperature", "0.5", "--top-p", "2"], "--top-p"),
+        (["generate", "--prompt", "x", "--temperature", "-1"], "--temperature"),
+        (["generate", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["convert", "/nonexistent/ckpt", "/tmp/out"], "not a model directory"),
+    ],
+)
+def test_bad_input_is_one_line_error(argv, message, model_dir, capsys):
+    if argv[0] == "generate" and "--model" not in argv:
+        argv = argv[:1] + ["--model", str(model_dir)] + argv[1:]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert err.strip().startswith("error:") and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_longer_than_context(model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(model_dir), "--prompt", "hello world " * 60], capsys)
+    assert code == 2 and "context is 48 tokens" in err
+
+
+def test_corrupt_checkpoint(model_dir, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in model_dir.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, _, err = run(["generate", "--model", str(broken), "--prompt", "x"], capsys)
+    assert code == 2 and "corrupt" in err and "Traceback" not in err
+
+
+def test_console_script_reports_errors_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "warpdecode.cli", "generate", "--model", str(tmp_path),
+                           "--prompt", "x"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no config.json" in proc.stderr and "Traceback" not in proc.stderr
