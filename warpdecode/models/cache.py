@@ -113,7 +113,10 @@ class KVCache:
 
     def truncate(self, lengths: Tensor | list[int] | int) -> None:
         """Roll rows back to `lengths` (B,) valid positions; never grows a row."""
-        new = torch.as_tensor(lengths, dtype=torch.int64).expand(self.batch).clone()
+        new = torch.as_tensor(lengths, dtype=torch.int64).cpu()
+        if new.dim() > 1 or new.numel() not in (1, self.batch):
+            raise ValueError(f"truncate needs one length per row ({self.batch}), got shape {tuple(new.shape)}")
+        new = new.expand(self.batch).clone()
         if bool((new > self.lengths).any()) or bool((new < 0).any()):
             raise ValueError(f"truncate to {new.tolist()} but rows hold {self.lengths.tolist()}")
         self.lengths = new
