@@ -84,5 +84,6 @@ def generate(
                           "stats": out.stats.to_dict()}))
     else:
         s = out.stats
-        print(f"\n[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, "
+        print()
+        print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
