@@ -21,14 +21,14 @@ V = 97
 PROMPT_LENS = {1: [5], 3: [5, 2, 7]}  # ragged on purpose: rows start decoding at different slots
 
 
-def tiny_config(family: str, **overrides: object) -> ModelConfig:
+def tiny_config(kind: str, **overrides: object) -> ModelConfig:
     """Llama (GQA), Qwen2 (qkv bias, Hkv = 1) or GPT-2 (learned positions, layernorm, gelu) in miniature."""
     base = ModelConfig(
         vocab_size=V, n_layer=2, n_head=4, d_model=32, d_ff=56, max_seq_len=64, tie_embeddings=False
     )
-    if family == "llama":
+    if kind == "llama":
         config = dataclasses.replace(base, n_kv_head=2)
-    elif family == "qwen2":
+    elif kind == "qwen2":
         config = dataclasses.replace(base, n_kv_head=1, qkv_bias=True, rope_theta=1e6, family="qwen2")
     else:
         config = dataclasses.replace(
@@ -265,12 +265,71 @@ def test_errors_name_the_problem() -> None:
         model(torch.zeros(2, 3, dtype=torch.int64), cache=cache)
     assert cache.lengths.tolist() == [6, 6]  # a refused forward leaves the cache as it was
 
-    with pytest.raises(ValueError, match=r"attention_mask must be \(B, 3, 3\)"):
-        model(torch.zeros(2, 3, dtype=torch.int64), attention_mask=torch.ones(2, 3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="cache holds 2 rows"):
         model(torch.zeros(3, 1, dtype=torch.int64), cache=cache)
     with pytest.raises(ConfigError, match="exceeds the model's context"):
         KVCache.for_model(model.config, 1, model.config.max_seq_len + 1)
+    with pytest.raises(ValueError, match=r"hidden_layers \[-1, 3\] out of range 0..2"):
+        model(torch.zeros(1, 2, dtype=torch.int64), hidden_layers=(3, -1))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    "mask",
+    [
+        torch.ones(2, 4, 5, dtype=torch.bool),  # wrong T
+        torch.ones(3, 4, 4, dtype=torch.bool),  # wrong B
+        torch.ones(2, 4, 4, 4, dtype=torch.bool),  # per-head masks are not supported
+        # (T, T) with T == H: broadcast against the head dimension, it used to run, silently wrong.
+        torch.ones(4, 4, dtype=torch.bool).tril(),
+        # float 0/1 masks used to be added to the attention scores.
+        torch.ones(2, 4, 4).tril(),
+    ],
+    ids=["T", "B", "heads", "2d", "float"],
+)
+@pytest.mark.parametrize("cached", [False, True])
+def test_bad_mask_raises(mask: Tensor, cached: bool) -> None:
+    model = tiny_model(tiny_config("llama"))
+    assert model.config.n_head == 4
+    cache = KVCache.for_model(model.config, 2, 8) if cached else None
+    with pytest.raises(ValueError, match=r"attention_mask must be"):
+        model(torch.zeros(2, 4, dtype=torch.int64), cache=cache, attention_mask=mask)
+    assert cache is None or cache.lengths.tolist() == [0, 0]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cached", [False, True])
+def test_one_mask_shared_by_all_rows(cached: bool) -> None:
+    """A (1, T, T) or (1, 1, T, T) mask applies to every row, exactly like the expanded (B, T, T)."""
+    model = tiny_model(tiny_config("llama"))
+    tokens = torch.randint(0, V - 1, (3, 5))
+    mask = torch.rand(5, 5).lt(0.5).tril() | torch.eye(5, dtype=torch.bool)  # (T, T), diagonal always on
+
+    def run(m: Tensor) -> Tensor:
+        cache = KVCache.for_model(model.config, 3, 8) if cached else None
+        return model(tokens, cache=cache, attention_mask=m).logits
+
+    expected = run(mask.expand(3, 5, 5))
+    torch.testing.assert_close(run(mask[None]), expected, atol=0, rtol=0)
+    torch.testing.assert_close(run(mask[None, None]), expected, atol=0, rtol=0)
+    assert float((expected - run(torch.ones(3, 5, 5, dtype=torch.bool))).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("norm", "batchnorm", "norm must be one of"),  # used to build a LayerNorm
+        ("mlp", "relu", "mlp must be one of"),  # used to build a tanh-GELU MLP
+        ("position", "alibi", "position must be one of"),
+        ("family", "bert", "family must be one of"),
+        ("n_kv_head", 0, "n_kv_head must be positive"),  # used to divide by zero
+        ("head_dim", 0, "head_dim must be positive"),  # used to build zero-width heads
+        ("n_head", 0, "n_head must be positive"),
+    ],
+)
+def test_config_refuses_unknown_choices(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_config("llama", **{field: value})
 
 
 @pytest.mark.parametrize(

@@ -205,10 +205,11 @@ class Transformer(nn.Module):
             positions: (B, T) int64 position ids; defaults to the row's cache length + arange(T).
             cache: KV cache to read and append to (its lengths advance by T), or None for a
                 cache-free forward over the whole sequence (training).
-            attention_mask: (B, T, T) or (B, 1, T, T) bool, which new tokens each new token attends
-                to (a tree mask); cached positions are always visible. None: the config's default
-                (causal, or bidirectional for diffusion LMs).
-            hidden_layers: indices of hidden states to return (see `BackboneOutput`).
+            attention_mask: (B, T, T) or (B, 1, T, T) bool (B may be 1: one mask for every row),
+                which new tokens each new token attends to (a tree mask); cached positions are
+                always visible. None: the config's default (causal, or bidirectional for
+                diffusion LMs).
+            hidden_layers: indices in 0..L of hidden states to return (see `BackboneOutput`).
             logits_slice: compute logits only for this slice of the T positions (e.g. the last one
                 at prefill).
         """
@@ -218,10 +219,18 @@ class Transformer(nn.Module):
         if cache is not None and cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but tokens have batch {B}")
         if attention_mask is not None:
-            if attention_mask.dim() == 4:
+            # A (T, T) mask would broadcast against the head dimension and a float mask would be
+            # added to the scores: both run, silently wrong, so only the documented forms pass.
+            shape = tuple(attention_mask.shape)
+            if attention_mask.dim() == 4 and shape[1] == 1:
                 attention_mask = attention_mask[:, 0]
-            if attention_mask.shape[-2:] != (T, T):
-                raise ValueError(f"attention_mask must be (B, {T}, {T}), got {tuple(attention_mask.shape)}")
+            if attention_mask.dim() != 3 or attention_mask.shape[0] not in (1, B) or shape[-2:] != (T, T):
+                raise ValueError(f"attention_mask must be ({B}, {T}, {T}) or ({B}, 1, {T}, {T}), got {shape}")
+            if attention_mask.dtype != torch.bool:
+                raise ValueError(f"attention_mask must be bool (True = attend), got {attention_mask.dtype}")
+        wanted = set(hidden_layers)
+        if not wanted <= set(range(self.config.n_layer + 1)):
+            raise ValueError(f"hidden_layers {sorted(wanted)} out of range 0..{self.config.n_layer}")
         plan = cache.plan_write(T) if cache is not None else None
         if positions is None:
             base = plan.start[:, None] if plan is not None else torch.zeros(B, 1, dtype=torch.int64)
@@ -243,7 +252,6 @@ class Transformer(nn.Module):
             is_causal = False
             mask = self._full_mask(attention_mask, plan, x.device)
 
-        wanted = set(hidden_layers)
         hidden: dict[int, Tensor] = {}
         for i, block in enumerate(self.blocks):
             if i in wanted:
