@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from warpdecode.errors import ConfigError
+
+NormKind = Literal["rmsnorm", "layernorm"]
+MlpKind = Literal["swiglu", "gelu_tanh"]
+PositionKind = Literal["rope", "learned"]
+Family = Literal["llama", "qwen2", "gpt2"]
 
 
 @dataclass
@@ -32,10 +37,10 @@ class ModelConfig:
     """Per-head width (D); defaults to `d_model // n_head`."""
     max_seq_len: int = 2048
     """Largest position the model supports (cache length upper bound)."""
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm: NormKind = "rmsnorm"
     norm_eps: float = 1e-5
-    mlp: Literal["swiglu", "gelu_tanh"] = "swiglu"
-    position: Literal["rope", "learned"] = "rope"
+    mlp: MlpKind = "swiglu"
+    position: PositionKind = "rope"
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
     """Hugging Face style rope scaling: `{"rope_type": "llama3"|"linear", "factor": ..., ...}`."""
@@ -48,17 +53,25 @@ class ModelConfig:
     """Default attention pattern when no mask is given: causal (AR) or bidirectional (diffusion LM)."""
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    family: Literal["llama", "qwen2", "gpt2"] = "llama"
+    family: Family = "llama"
     """Checkpoint layout used when importing or writing Hugging Face files; never read by the model."""
 
     def __post_init__(self) -> None:
+        # Unknown choices are refused here: the model code's if/else would otherwise silently build
+        # a different architecture (e.g. norm="batchnorm" became a LayerNorm).
+        for name, choices in (("norm", NormKind), ("mlp", MlpKind), ("position", PositionKind), ("family", Family)):
+            if getattr(self, name) not in get_args(choices):
+                raise ConfigError(f"{name} must be one of {get_args(choices)}, got {getattr(self, name)!r}")
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         if self.head_dim is None:
             if self.d_model % self.n_head:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
             self.head_dim = self.d_model // self.n_head
-        for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff", "max_seq_len"):
+        for name in ("n_kv_head", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.n_head % self.n_kv_head:
