@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from warpdecode.errors import CheckpointError
+from warpdecode.errors import CheckpointError, ConfigError
 from warpdecode.models.checkpoint import WEIGHTS_FILE, load_pretrained, save_pretrained
 from warpdecode.models.importers.hf import config_from_hf, config_to_hf, state_dict_from_hf
 from warpdecode.models.tokenizer import Tokenizer, train_bpe
@@ -57,11 +57,21 @@ def hf_config(kind: str):  # type: ignore[no-untyped-def]
         )
     if kind == "qwen2_tied":
         return transformers.Qwen2Config(**common, **llama, tie_word_embeddings=True)
+    if kind == "mistral":  # same layout as Llama
+        return transformers.MistralConfig(**common, **llama)
     assert kind == "gpt2"
     return transformers.GPT2Config(**common, n_embd=32, n_layer=2, n_head=4, n_positions=64)
 
 
-KINDS = ["llama_untied_llama3", "llama_tied", "llama_biases_wide_heads", "qwen2", "qwen2_tied", "gpt2"]
+KINDS = [
+    "llama_untied_llama3",
+    "llama_tied",
+    "llama_biases_wide_heads",
+    "qwen2",
+    "qwen2_tied",
+    "mistral",
+    "gpt2",
+]
 
 
 def hf_model(kind: str):  # type: ignore[no-untyped-def]
@@ -212,6 +222,19 @@ def test_load_unknown_model_type(saved: Path) -> None:
     (saved / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="unsupported model_type 'bert'"):
         load_pretrained(saved)
+
+
+def test_unsupported_rope_scaling_is_refused() -> None:
+    hf = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=8,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+    config = config_from_hf(hf.to_dict())
+    with pytest.raises(ConfigError, match="unsupported rope scaling type 'dynamic'"):
+        Transformer(config)
 
 
 def test_config_errors_name_the_field() -> None:
