@@ -378,3 +378,11 @@ def test_rope_scaling_matches_transformers(scaling: dict[str, object]) -> None:
         assert bool(((actual < default) & ~torch.isclose(actual, default / 8)).any())
     else:
         torch.testing.assert_close(actual, default / 4.0)
+
+
+def test_learned_position_beyond_context_is_refused():
+    config = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, max_seq_len=8, norm="layernorm",
+                         mlp="gelu_tanh", position="learned", family="gpt2")
+    model = Transformer(config)
+    with pytest.raises(ConfigError, match="context of 8 tokens"):
+        model(torch.zeros(1, 9, dtype=torch.long))

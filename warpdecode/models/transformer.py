@@ -241,6 +241,9 @@ class Transformer(nn.Module):
         x = self.embed(tokens)  # (B, T, C)
         rope = None
         if self.pos_embed is not None:
+            if int(positions.max()) >= self.config.max_seq_len:
+                raise ConfigError(f"position {int(positions.max())} is beyond the model's context of "
+                                  f"{self.config.max_seq_len} tokens")
             x = x + self.pos_embed(positions)
         else:
             rope = self._rope(positions, x.dtype)
