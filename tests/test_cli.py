@@ -38,7 +38,7 @@ def test_generate_json(model_dir, capsys):
     main(["generate", "--model", str(model_dir), "--prompt", "print(", "--max-new-tokens", "6", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["new_tokens"] == len(out["token_ids"]) <= 6
-    model, tokenizer = load_pretrained(model_dir)
+    _model, tokenizer = load_pretrained(model_dir)
     assert out["text"] == tokenizer.decode(out["token_ids"])
     assert set(out["stats"]) >= {"new_tokens", "target_forwards", "seconds", "tokens_per_second"}
 

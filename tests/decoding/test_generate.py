@@ -69,7 +69,7 @@ def test_prompt_longer_than_context_is_refused(tiny):
 
 def test_sampling_is_reproducible_with_seed(tiny):
     model, tokenizer = tiny
-    kwargs = dict(max_new_tokens=15, do_sample=True, temperature=1.5, stop_at_eos=False)
+    kwargs = {"max_new_tokens": 15, "do_sample": True, "temperature": 1.5, "stop_at_eos": False}
     a = generate(model, tokenizer, "def", seed=3, **kwargs).token_ids
     b = generate(model, tokenizer, "def", seed=3, **kwargs).token_ids
     c = generate(model, tokenizer, "def", seed=4, **kwargs).token_ids

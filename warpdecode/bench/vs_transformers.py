@@ -23,7 +23,6 @@ import torch
 from warpdecode.bench.peers import TransformersGenerate
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
-from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.hf import config_from_hf
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
@@ -52,20 +51,10 @@ class Row:
 def _timed_ours(model: Transformer, tokenizer: Tokenizer | None, ids: list[int], n: int, device: str) -> tuple[list[int], float]:
     if device != "cpu":
         torch.cuda.synchronize()
-    out = generate(model, tokenizer, ids, max_new_tokens=n)  # type: ignore[arg-type]
+    out = generate(model, tokenizer, ids, max_new_tokens=n)
     if device != "cpu":
         torch.cuda.synchronize()
     return out.token_ids, out.stats.seconds
-
-
-class _NoTokenizer:
-    """Stands in for a tokenizer when prompts are token ids and weights are random."""
-
-    chat_template = None
-    eos_token_id = None
-
-    def decode(self, ids: list[int]) -> str:
-        return ""
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -78,13 +67,13 @@ def run(args: argparse.Namespace) -> list[Row]:
         workdir = tempfile.TemporaryDirectory()
         model_dir = Path(workdir.name)
         save_pretrained(model, None, model_dir)
-        tokenizer: Tokenizer | _NoTokenizer = _NoTokenizer()
+        tokenizer: Tokenizer | None = None
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(3, config.vocab_size, (args.prompt_tokens,), generator=gen).tolist() for _ in PROMPTS]
     else:
         model_dir = resolve(args.model)
         model, tokenizer = load_pretrained(model_dir)
-        prompts = [encode_prompt(tokenizer, p, chat=None) for p in PROMPTS]  # type: ignore[arg-type]
+        prompts = [encode_prompt(tokenizer, p, chat=None) for p in PROMPTS]
     model = model.to(args.device).eval()
     peer = TransformersGenerate(model_dir)
     peer.model.to(args.device)

@@ -60,9 +60,9 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, chat: bool | None) -> li
     return tokenizer.encode(prompt)
 
 
-def stop_token_ids(model: Transformer, tokenizer: Tokenizer) -> set[int]:
+def stop_token_ids(model: Transformer, tokenizer: Tokenizer | None) -> set[int]:
     ids = set(model.config.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
 
@@ -70,7 +70,7 @@ def stop_token_ids(model: Transformer, tokenizer: Tokenizer) -> set[int]:
 @torch.inference_mode()
 def generate(
     model: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     prompt: str | list[int],
     *,
     max_new_tokens: int = 128,
@@ -86,12 +86,17 @@ def generate(
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
     Keyword names follow Hugging Face `generate()`. Greedy unless `do_sample`. `streamer` receives
-    text increments as tokens are produced.
+    text increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
+    output text is empty.
     """
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ConfigError("a text prompt needs a tokenizer")
+        prompt = encode_prompt(tokenizer, prompt, chat=chat)
+    ids = list(prompt)
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     sampler = Sampler(SamplingConfig(do_sample, temperature, top_k, top_p, seed), device=model.embed.weight.device)
-    ids = list(prompt) if isinstance(prompt, list) else encode_prompt(tokenizer, prompt, chat=chat)
     context = model.config.max_seq_len
     if not ids:
         raise ConfigError("the prompt is empty")
@@ -101,7 +106,7 @@ def generate(
     budget = min(max_new_tokens, context - len(ids))
     cache = KVCache.for_model(model.config, 1, len(ids) + budget, dtype=model.embed.weight.dtype, device=device)
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
-    stream = StreamDecoder(tokenizer) if streamer is not None else None
+    stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
     stats = DecodeStats(prompt_tokens=len(ids))
 
     start = time.perf_counter()
@@ -125,4 +130,4 @@ def generate(
         stats.target_forwards += 1
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = len(new)
-    return GenerateOutput(token_ids=new, text=tokenizer.decode(new), finish_reason=finish, stats=stats)
+    return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)

@@ -25,7 +25,7 @@ from warpdecode.models.importers.gguf import read_gguf
 from warpdecode.models.importers.hf import config_from_hf, config_to_hf, state_dict_from_hf, state_dict_to_hf
 from warpdecode.models.named import NAMED_MODELS, named_model_gguf
 from warpdecode.models.tokenizer import Tokenizer
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.transformer import Transformer, rope_inv_freq
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -64,6 +64,7 @@ def convert(source: str | Path, out: str | Path) -> Path:
     if str(source) in NAMED_MODELS:
         source = named_model_gguf(str(source))
     source = Path(source)
+    tokenizer: Tokenizer | None
     if source.suffix == ".gguf":
         config, weights, tokenizer = read_gguf(source)
     elif source.is_dir():
@@ -141,8 +142,6 @@ def load_pretrained(
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {directory} is incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if config.position == "rope":  # non-persistent buffer, rebuilt off the meta device
-        from warpdecode.models.transformer import rope_inv_freq
-
         model.inv_freq = rope_inv_freq(config)
     model = model.to(device=device, dtype=dtype).eval()
     return model, Tokenizer.load(directory)

@@ -136,8 +136,23 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
 
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None,
+        mask: Tensor | None,
+        is_causal: bool,
+        cache: KVCache | None,
+        layer: int,
+        plan: WritePlan | None,
+    ) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, mask, is_causal, cache, layer, plan)
+        return x + self.mlp(self.mlp_norm(x))
+
 
 class Transformer(nn.Module):
+    inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -259,8 +274,7 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             if i in wanted:
                 hidden[i] = x
-            x = x + block.attn(block.attn_norm(x), rope, mask, is_causal, cache, i, plan)
-            x = x + block.mlp(block.mlp_norm(x))
+            x = block(x, rope, mask, is_causal, cache, i, plan)
         x = self.norm(x)
         if self.config.n_layer in wanted:
             hidden[self.config.n_layer] = x
