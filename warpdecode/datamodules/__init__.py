@@ -1,0 +1,1 @@
+"""LightningDataModules: corpora and other training data turned into cached token batches."""
