@@ -1,0 +1,1 @@
+"""LightningModules, one per learned component family, and the LightningCLI that runs them."""

@@ -1,0 +1,145 @@
+"""`fit | validate | test` for every LightningModule/LightningDataModule pair, configured from YAML.
+
+Defaults added on top of LightningCLI: flush-denormal on, a fixed seed, a W&B logger (offline
+unless an API key is configured or `WANDB_MODE` says otherwise), and a `ModelCheckpoint` whose
+`last.ckpt` resumes a run exactly through `--ckpt_path`. Each run writes its config, checkpoints
+and (for `fit`) exported model under one run directory, `<save_dir>/<project>/<run id>/`.
+
+Multi-process training (`--trainer.strategy=ddp --trainer.devices=N`) re-executes the current
+command line in each worker, so it needs `main` to be reached from that command line (the
+`warpdecode` script or `python -m warpdecode.modules.lightning_cli`).
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from jsonargparse import set_parsing_settings
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+from warpdecode.datamodules.corpus import CorpusDataModule
+from warpdecode.errors import WarpdecodeError
+from warpdecode.modules.causal_lm import CausalLM
+
+# Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
+REGISTERED = (CausalLM, CorpusDataModule)
+SUBCOMMANDS = ("fit", "validate", "test")
+DEFAULT_SEED = 0
+
+
+def wandb_api_key_configured() -> bool:
+    """Whether W&B could log online: `WANDB_API_KEY`, or a netrc entry for the W&B host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_offline() -> bool:
+    """`WANDB_MODE` decides when set; otherwise offline unless an API key is configured."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode:
+        return mode in ("offline", "dryrun")
+    return not wandb_api_key_configured()
+
+
+def run_dir(trainer: Trainer) -> Path:
+    """`<save_dir>/<name>/<version>`, the folder ModelCheckpoint puts its `checkpoints/` in."""
+    logger = trainer.logger
+    if logger is None:
+        return Path(trainer.default_root_dir)
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """Writes the resolved config as `config.yaml` into the run directory (one per run, never overwritten)."""
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        path = run_dir(trainer) / self.config_filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(path), skip_unset=False, overwrite=True, multifile=False)
+
+
+class WarpdecodeCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.save_last": True,
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.WandbLogger",
+                    "init_args": {
+                        "project": "warpdecode",
+                        "save_dir": os.environ.get("WANDB_DIR") or "runs",
+                        "offline": wandb_offline(),
+                    },
+                },
+            }
+        )
+
+
+def build_cli(argv: list[str], *, run: bool = True) -> WarpdecodeCLI:
+    """Parse `argv` and instantiate trainer, model and data; with `run`, argv starts with a subcommand."""
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    return WarpdecodeCLI(
+        args=None if argv == sys.argv[1:] else argv,  # LightningCLI warns when both are given
+        run=run,
+        save_config_callback=SaveRunConfig,
+        save_config_kwargs={"save_to_log_dir": False},
+        seed_everything_default=DEFAULT_SEED,
+        parser_kwargs={"description": __doc__.splitlines()[0]},
+    )
+
+
+def finish_wandb_run() -> None:
+    """Close the W&B run this process opened and wait until its data is on disk.
+
+    A later run in the same process then starts a new W&B run. `finish` alone can return before
+    the wandb-core writer has flushed the run file; `teardown` waits for it.
+    """
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+            wandb.teardown()
+
+
+def user_error(error: BaseException) -> WarpdecodeError | None:
+    """The `WarpdecodeError` behind `error`, if any: jsonargparse wraps errors raised while building classes."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, WarpdecodeError):
+        seen = seen.__cause__
+    return seen
+
+
+def main(argv: list[str]) -> None:
+    """Run `fit`, `validate` or `test` (`argv[0]`) with LightningCLI arguments, e.g. `--config recipe.yaml`."""
+    torch.set_flush_denormal(True)
+    try:
+        build_cli(argv)
+    except Exception as e:
+        cause = user_error(e)
+        if cause is None:
+            raise
+        print(f"error: {cause}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        finish_wandb_run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
