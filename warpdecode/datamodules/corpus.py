@@ -239,7 +239,8 @@ class CorpusDataModule(LightningDataModule):
                     f"{split} fraction {self.fractions[split]:.3f}); use a larger corpus or a larger fraction"
                 )
             if self.max_chars is not None:
-                budget, kept, total = self.max_chars * self.fractions[split], [], 0
+                budget, total = self.max_chars * self.fractions[split], 0
+                kept: list[tuple[str, str]] = []
                 for doc in docs[split]:
                     if kept and total >= budget:
                         break

@@ -82,8 +82,10 @@ class CausalLM(LightningModule):
             assert model is not None
             self.backbone = Transformer(model)
             self.backbone.init_weights(init_std)
-        self.val_loss = MeanMetric().set_dtype(torch.float64)
-        self.test_loss = MeanMetric().set_dtype(torch.float64)
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        for metric in (self.val_loss, self.test_loss):
+            metric.set_dtype(torch.float64)  # sums of token losses over a whole split
         self.exported_to: Path | None = None
 
     @property
@@ -125,7 +127,7 @@ class CausalLM(LightningModule):
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])  # type: ignore[union-attr]
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:

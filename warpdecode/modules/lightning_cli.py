@@ -119,9 +119,11 @@ def finish_wandb_run() -> None:
 def user_error(error: BaseException) -> WarpdecodeError | None:
     """The `WarpdecodeError` behind `error`, if any: jsonargparse wraps errors raised while building classes."""
     seen: BaseException | None = error
-    while seen is not None and not isinstance(seen, WarpdecodeError):
+    while seen is not None:
+        if isinstance(seen, WarpdecodeError):
+            return seen
         seen = seen.__cause__
-    return seen
+    return None
 
 
 def main(argv: list[str]) -> None:
