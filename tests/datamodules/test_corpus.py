@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from warpdecode.datamodules import corpus as corpus_module
-from warpdecode.datamodules.blocks import EpochShuffleSampler, cut_blocks
+from warpdecode.datamodules.blocks import cut_blocks
 from warpdecode.datamodules.corpus import DEFAULT_EXCLUDE, SPLITS, CorpusDataModule, split_of
 from warpdecode.errors import ConfigError
 
@@ -31,27 +31,6 @@ def expected_blocks(dm: CorpusDataModule, texts: list[str]) -> np.ndarray:
     assert dm.tokenizer is not None and dm.tokenizer.eos_token_id is not None
     ids = dm.tokenizer.encode_batch(texts, add_special_tokens=False)
     return cut_blocks(ids, dm.tokenizer.eos_token_id, dm.block_size)
-
-
-def test_cut_blocks_worked_example() -> None:
-    # stream 1 2 3 EOS 4 5 EOS → windows of 4 with stride 3; the last token is only a target once
-    blocks = cut_blocks([[1, 2, 3], [4, 5]], eos_token_id=0, block_size=3)
-    assert blocks.dtype == np.uint16
-    assert blocks.tolist() == [[1, 2, 3, 0], [0, 4, 5, 0]]
-    assert cut_blocks([[70000, 1]], eos_token_id=0, block_size=2).dtype == np.int32
-
-
-def test_epoch_shuffle_depends_only_on_seed_and_epoch() -> None:
-    sampler = EpochShuffleSampler(10, seed=3)
-    epoch0 = list(sampler)
-    sampler.set_epoch(1)
-    epoch1 = list(sampler)
-    torch.manual_seed(123)  # the global RNG plays no part
-    sampler.set_epoch(0)
-    assert list(sampler) == epoch0
-    assert sorted(epoch0) == sorted(epoch1) == list(range(10))
-    assert epoch0 != epoch1
-    assert list(EpochShuffleSampler(10, seed=4)) != epoch0
 
 
 def test_split_by_file_is_deterministic_and_disjoint(code_folder: Path, tmp_path: Path) -> None:

@@ -89,20 +89,25 @@ def test_fit_logs_an_offline_wandb_run_and_exports_the_model(tmp_path: Path, tin
         assert torch.equal(exported(tokens).logits, trained(tokens).logits)
 
 
-def test_resume_from_an_epoch_checkpoint_is_exact(tmp_path: Path, tiny_recipe: Path) -> None:
-    keep_every_epoch = ["--checkpoint.save_top_k=-1", "--checkpoint.every_n_epochs=1"]
-    main(["fit", "--config", str(tiny_recipe), *keep_every_epoch])
+@pytest.mark.parametrize(
+    ("keep", "resume_from"),
+    [
+        ("--checkpoint.every_n_epochs=1", "epoch=0-step=81.ckpt"),  # end of the first of two 81-batch epochs
+        ("--checkpoint.every_n_train_steps=50", "epoch=1-step=100.ckpt"),  # 19 batches into the second
+    ],
+)
+def test_resume_from_a_checkpoint_is_exact(tmp_path: Path, tiny_recipe: Path, keep: str, resume_from: str) -> None:
+    main(["fit", "--config", str(tiny_recipe), "--checkpoint.save_top_k=-1", keep])
     (straight,) = run_dirs(tmp_path)
-    (first_epoch,) = (straight / "checkpoints").glob("epoch=0-*.ckpt")
-    main(["fit", "--config", str(tiny_recipe), f"--ckpt_path={first_epoch}"])
+    halfway = straight / "checkpoints" / resume_from
+    main(["fit", "--config", str(tiny_recipe), f"--ckpt_path={halfway}"])
     resumed = run_dirs(tmp_path)[1]
 
     final = load_file(str(straight / "model" / "model.safetensors"))
     again = load_file(str(resumed / "model" / "model.safetensors"))
     assert final.keys() == again.keys()
     assert all(torch.equal(final[k], again[k]) for k in final)
-    halfway = backbone_from_checkpoint(first_epoch).state_dict()
-    assert not torch.equal(halfway["embed.weight"], final["model.embed_tokens.weight"])
+    assert not torch.equal(backbone_from_checkpoint(halfway).embed.weight, final["model.embed_tokens.weight"])
 
 
 def test_usage_errors_exit_2_without_a_traceback(

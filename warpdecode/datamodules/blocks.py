@@ -7,11 +7,12 @@ Shared by every datamodule that produces next-token training windows: a block ho
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 def cut_blocks(documents: Sequence[Sequence[int]], eos_token_id: int, block_size: int) -> np.ndarray:
@@ -77,3 +78,33 @@ class EpochShuffleSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         return iter(torch.randperm(self.num_items, generator=generator).tolist())
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader whose position within the epoch is saved in Lightning checkpoints.
+
+    Lightning saves `state_dict()` of a loader that has one and calls `load_state_dict` on resume.
+    The first iteration of the restored epoch then skips the batches the interrupted run already
+    trained on, so a mid-epoch resume continues with exactly the next batch (the sampler's order
+    depends only on seed and epoch, see `EpochShuffleSampler`). Skipping reads and drops those
+    batches, which works unchanged under Lightning's distributed sampler wrapper.
+    """
+
+    _epoch: int | None = None
+    _served = 0
+    _skip: tuple[int | None, int] = (None, 0)  # (epoch, batches) to skip on the next iteration
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        epoch = getattr(self.sampler, "epoch", None)  # read lazily: Lightning calls set_epoch first
+        skip = self._skip[1] if self._skip[0] == epoch else 0
+        self._epoch, self._served, self._skip = epoch, 0, (None, 0)
+        for index, batch in enumerate(super().__iter__()):
+            self._served = index + 1
+            if index >= skip:
+                yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self._epoch, "batches": self._served}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._skip = (state["epoch"], state["batches"])

@@ -5,7 +5,9 @@ A corpus is the Python standard library of the running interpreter, a folder of 
 or the record text for JSONL), so a held-out file never leaks into training and adding files never
 moves old ones between splits. The tokenizer (a model's, or a byte-level BPE trained on the train
 split only) and the token blocks are cached on disk, keyed by a corpus fingerprint, the tokenizer's
-hash and the block size; the second setup of the same configuration reads the cache.
+hash and the block size; the second setup of the same configuration reads the cache. The training
+order depends only on the seed and the epoch, and the training loader's position is checkpointed,
+so a run resumed from any checkpoint sees the same batches as the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from warpdecode.datamodules.blocks import EpochShuffleSampler, TokenBlocks, cut_blocks
+from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader, TokenBlocks, cut_blocks
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import cache_dir as warpdecode_cache_dir
 from warpdecode.models.checkpoint import resolve
@@ -334,13 +336,16 @@ class CorpusDataModule(LightningDataModule):
         if self.fractions[split] == 0:
             raise ConfigError(f"the {split} split is disabled ({split}_fraction=0)")
         dataset = self.datasets[split]
-        sampler = EpochShuffleSampler(len(dataset), self.seed) if split == "train" else None
+        if split == "train":
+            return ResumableLoader(
+                dataset,
+                batch_size=self.batch_size,
+                sampler=EpochShuffleSampler(len(dataset), self.seed),
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+            )
         return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            dataset, batch_size=self.batch_size, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -114,6 +114,12 @@ class CausalLM(LightningModule):
             self.config.eos_token_ids = [tokenizer.eos_token_id]  # an empty default, filled for generation
         self.tokenizer = tokenizer
 
+    def on_train_start(self) -> None:
+        # configure_optimizers reads estimated_stepping_batches, which builds the train loader before
+        # the checkpoint is restored, and Lightning then never hands the saved loader position to it
+        # (Lightning-AI/pytorch-lightning#20550). Hand it over now, before the first batch is drawn.
+        self.trainer.fit_loop._load_combined_loader_states()
+
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) int64 token ids → (B, T, V) logits."""
         return self.backbone(tokens).logits
