@@ -1,54 +1,21 @@
-"""Plain autoregressive generation (one target forward per token) with timing statistics.
-
-This is the reference every faster algorithm is measured and tested against: it knows nothing
-about drafting, only prefill → select → append until EOS or the token budget.
+"""`generate()`: the front door. Validates the request, builds the method's components from the
+registry, and runs the one draft→verify loop in `engine.py` (plain decoding is the empty drafter).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any
 
-import torch
-
+from warpdecode.decoding import registry
+from warpdecode.decoding.engine import Method, run
+from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
-from warpdecode.errors import ConfigError
-from warpdecode.models.cache import KVCache
+from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
 from warpdecode.models.transformer import Transformer
 
-FinishReason = Literal["eos", "length", "context"]
-
-
-@dataclass
-class DecodeStats:
-    """Counters of one generation; definitions in docs/metrics.md."""
-
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    target_forwards: int = 0
-    """Backbone forwards after the prefill (the prefill itself is not counted)."""
-    seconds: float = 0.0
-    """Wall time from the start of the prefill to the last token."""
-    time_to_first_token: float = 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, float | int]:
-        return asdict(self) | {"tokens_per_second": self.tokens_per_second}
-
-
-@dataclass
-class GenerateOutput:
-    token_ids: list[int]
-    """New tokens only (the prompt is not repeated)."""
-    text: str
-    finish_reason: FinishReason
-    stats: DecodeStats = field(default_factory=DecodeStats)
+__all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate"]
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, *, chat: bool | None) -> list[int]:
@@ -67,7 +34,29 @@ def stop_token_ids(model: Transformer, tokenizer: Tokenizer | None) -> set[int]:
     return ids
 
 
-@torch.inference_mode()
+def build_method(
+    method: str = "none",
+    *,
+    do_sample: bool = False,
+    verifier: str | None = None,
+    controller: str = "fixed",
+    options: dict[str, Any] | None = None,
+    verifier_options: dict[str, Any] | None = None,
+    controller_options: dict[str, Any] | None = None,
+) -> Method:
+    """Components of a decoding method. `verifier=None` picks the lossless one for the sampling mode:
+    greedy matching at temperature 0, speculative sampling when sampling."""
+    verifier = verifier or ("speculative_sampling" if do_sample else "greedy")
+    built = registry.build("verifier", verifier, **(verifier_options or {}))
+    if built.needs_sampling and not do_sample:
+        raise CapabilityError(f"verifier {verifier!r} needs sampling (--temperature > 0)")
+    return Method(
+        drafter=registry.build("drafter", method, **(options or {})),
+        verifier=built,
+        controller=registry.build("controller", controller, **(controller_options or {})),
+    )
+
+
 def generate(
     model: Transformer,
     tokenizer: Tokenizer | None,
@@ -81,53 +70,42 @@ def generate(
     seed: int | None = None,
     chat: bool | None = None,
     stop_at_eos: bool = True,
+    method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
-    Keyword names follow Hugging Face `generate()`. Greedy unless `do_sample`. `streamer` receives
-    text increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
+    Keyword names follow Hugging Face `generate()`. Greedy unless `do_sample`. `method` is a
+    registered drafter name (`warpdecode methods`) or a built `Method`. `streamer` receives text
+    increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
     output text is empty.
     """
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    sampler = Sampler(SamplingConfig(do_sample, temperature, top_k, top_p, seed), device=model.embed.weight.device)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ConfigError("a text prompt needs a tokenizer")
         prompt = encode_prompt(tokenizer, prompt, chat=chat)
     ids = list(prompt)
-    if max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    sampler = Sampler(SamplingConfig(do_sample, temperature, top_k, top_p, seed), device=model.embed.weight.device)
     context = model.config.max_seq_len
     if not ids:
         raise ConfigError("the prompt is empty")
     if len(ids) >= context:
         raise ConfigError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
-    device = model.embed.weight.device
+    built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     budget = min(max_new_tokens, context - len(ids))
-    cache = KVCache.for_model(model.config, 1, len(ids) + budget, dtype=model.embed.weight.dtype, device=device)
-    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
-    stats = DecodeStats(prompt_tokens=len(ids))
 
-    start = time.perf_counter()
-    logits = model(torch.tensor([ids], device=device), cache=cache, logits_slice=slice(-1, None)).logits[:, -1]
-    new: list[int] = []
-    finish: FinishReason = "length" if budget == max_new_tokens else "context"
-    while True:
-        token = int(sampler.select(logits)[0])
-        new.append(token)
-        if len(new) == 1:
-            stats.time_to_first_token = time.perf_counter() - start
-        if stream is not None:
-            assert streamer is not None
-            streamer(stream.push([token]))
-        if token in stops:
-            finish = "eos"
-            break
-        if len(new) == budget:
-            break
-        logits = model(torch.tensor([[token]], device=device), cache=cache).logits[:, -1]
-        stats.target_forwards += 1
-    stats.seconds = time.perf_counter() - start
-    stats.new_tokens = len(new)
+    def on_tokens(tokens: list[int]) -> None:
+        assert stream is not None and streamer is not None
+        streamer(stream.push(tokens))
+
+    new, finish, stats = run(
+        model, ids, built, sampler, max_new_tokens=budget,
+        stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set(),
+        on_tokens=on_tokens if stream is not None else None,
+    )
+    if finish == "length" and budget < max_new_tokens:
+        finish = "context"
     return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)

@@ -1,0 +1,3 @@
+"""Controllers: one module each, registered on import."""
+
+from warpdecode.decoding.controllers import fixed  # noqa: F401

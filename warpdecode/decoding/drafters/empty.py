@@ -1,0 +1,24 @@
+"""The empty drafter: plain autoregressive decoding, one token per target forward."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.registry import register
+from warpdecode.decoding.tree import DraftTree
+
+
+@register("drafter", "none")
+class EmptyDrafter:
+    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
+    needs_training: ClassVar[bool] = False
+
+    def start(self, state: DecodeState) -> None:
+        pass
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        return DraftTree.empty()
+
+    def observe(self, state: DecodeState, result: AcceptResult) -> None:
+        pass

@@ -1,0 +1,106 @@
+"""The one draft→verify loop. It never imports a concrete drafter, verifier or controller.
+
+    prefill → pending token
+    repeat: tree = drafter.propose(state, controller.budget(state))
+            logits = target([pending] + tree, tree mask)
+            result = verifier.accept(tree, logits, sampler)      # accepted path + bonus token
+            commit the path in the KV cache; the bonus token becomes the new pending token
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
+from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
+from warpdecode.decoding.sampler import Sampler
+from warpdecode.models.cache import KVCache
+from warpdecode.models.transformer import Transformer
+
+
+@dataclass
+class Method:
+    drafter: Drafter
+    verifier: Verifier
+    controller: Controller
+    max_tree_nodes: int = 64
+    """Cache headroom for one verify forward; proposals beyond it are refused."""
+
+
+@torch.inference_mode()
+def run(
+    target: Transformer,
+    prompt_ids: list[int],
+    method: Method,
+    sampler: Sampler,
+    *,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> tuple[list[int], FinishReason, DecodeStats]:
+    """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget."""
+    device = target.embed.weight.device
+    headroom = method.max_tree_nodes + 1
+    cache = KVCache.for_model(target.config, 1, min(target.config.max_seq_len, len(prompt_ids) + max_new_tokens + headroom),
+                              dtype=target.embed.weight.dtype, device=device)
+    hidden_layers = method.drafter.needs_hidden_states
+    stats = DecodeStats(prompt_tokens=len(prompt_ids))
+    start = time.perf_counter()
+    out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,
+                 logits_slice=slice(-1, None))
+    pending = int(sampler.select(out.logits[:, -1])[0])
+    stats.time_to_first_token = time.perf_counter() - start
+    new = [pending]
+    state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
+                        {k: v[0] for k, v in out.hidden_states.items()})
+    if on_tokens is not None:
+        on_tokens([pending])
+    method.drafter.start(state)
+
+    finish: FinishReason = "length"
+    while pending not in stop_ids and len(new) < max_new_tokens:
+        if cache.max_len - int(cache.lengths[0]) < 1:
+            finish = "context"
+            break
+        t0 = time.perf_counter()
+        room = min(max_new_tokens - len(new) - 1, method.max_tree_nodes, cache.max_len - int(cache.lengths[0]) - 1)
+        tree = method.drafter.propose(state, min(method.controller.budget(state), room))
+        if tree.size > room:
+            raise RuntimeError(f"drafter proposed {tree.size} nodes with a budget of {room}")
+        t1 = time.perf_counter()
+        tree_start = cache.lengths.clone()
+        tokens, positions, mask = tree.verify_inputs(pending, int(tree_start[0]))
+        out = target(tokens.to(device), positions.to(device), cache, None if tree.size == 0 else mask,
+                     hidden_layers=hidden_layers)
+        result = method.verifier.accept(tree, out.logits[0], sampler)
+        kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
+        cache.commit(tree_start, torch.tensor([kept]), torch.tensor([len(kept)]))
+        state.hidden_states = {k: v[0, kept] for k, v in out.hidden_states.items()}
+        t2 = time.perf_counter()
+
+        emitted = result.tokens
+        for i, token in enumerate(emitted):  # stop right after a stop token, even mid-path
+            if token in stop_ids:
+                emitted = emitted[: i + 1]
+                break
+        state.tokens.extend(emitted)
+        new.extend(emitted)
+        pending = emitted[-1]
+        stats.target_forwards += 1
+        stats.accepted_per_step.append(len(result.path))
+        stats.proposed_per_step.append(result.proposed)
+        method.drafter.observe(state, result)
+        method.controller.observe(result)
+        if on_tokens is not None:
+            on_tokens(emitted)
+        stats.draft_seconds += (t1 - t0) + (time.perf_counter() - t2)
+        stats.target_seconds += t2 - t1
+    if pending in stop_ids:
+        finish = "eos"
+    stats.seconds = time.perf_counter() - start
+    stats.new_tokens = len(new)
+    return new, finish, stats

@@ -1,0 +1,65 @@
+"""Typed results of a generation; metric definitions are in docs/metrics.md."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["eos", "length", "context"]
+
+
+@dataclass
+class DecodeStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    """Target forwards after the prefill (the prefill itself is not counted)."""
+    seconds: float = 0.0
+    """Wall time from the start of the prefill to the last token."""
+    time_to_first_token: float = 0.0
+    draft_seconds: float = 0.0
+    """Time spent in the drafter (proposals and observations)."""
+    target_seconds: float = 0.0
+    """Time spent in target verify forwards and acceptance."""
+    accepted_per_step: list[int] = field(default_factory=list)
+    """Draft tokens accepted at each verify forward (the bonus token not included)."""
+    proposed_per_step: list[int] = field(default_factory=list)
+    """Draft tokens that could have been accepted at each verify forward (the draft tree's depth)."""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target forward, bonus token included."""
+        steps = len(self.accepted_per_step)
+        return (sum(self.accepted_per_step) + steps) / steps if steps else 0.0
+
+    @property
+    def tau_without_bonus(self) -> float:
+        steps = len(self.accepted_per_step)
+        return sum(self.accepted_per_step) / steps if steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens that could have been accepted."""
+        proposed = sum(self.proposed_per_step)
+        return sum(self.accepted_per_step) / proposed if proposed else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {
+            "tokens_per_second": self.tokens_per_second,
+            "tau": self.tau,
+            "tau_without_bonus": self.tau_without_bonus,
+            "acceptance_rate": self.acceptance_rate,
+        }
+
+
+@dataclass
+class GenerateOutput:
+    token_ids: list[int]
+    """New tokens only (the prompt is not repeated)."""
+    text: str
+    finish_reason: FinishReason
+    stats: DecodeStats = field(default_factory=DecodeStats)

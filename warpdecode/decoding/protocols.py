@@ -1,0 +1,91 @@
+"""The seams of the draft→verify loop: decoding state, drafters, verifiers and controllers.
+
+One verify step: the controller gives a budget, the drafter proposes a `DraftTree` of at most that
+many nodes, the target runs one forward over `[pending] + tree`, the verifier returns the accepted
+root-to-node path plus one token chosen from the target (the *bonus* token: the correction after a
+rejection, or the extra token after a fully accepted path), and the state commits them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from torch import Tensor
+
+from warpdecode.decoding.sampler import Sampler
+from warpdecode.decoding.tree import DraftTree
+from warpdecode.models.cache import KVCache
+from warpdecode.models.transformer import Transformer
+
+
+@dataclass
+class DecodeState:
+    """What drafters may read about the sequence being decoded (batch of one)."""
+
+    target: Transformer
+    cache: KVCache
+    """The target's cache: holds every committed token except `pending`."""
+    tokens: list[int]
+    """Prompt plus every generated token, `pending` last."""
+    prompt_len: int
+    sampler: Sampler
+    hidden_states: dict[int, Tensor] = field(default_factory=dict)
+    """Target hidden states (layer → (T, C)) of the last verify forward's accepted positions."""
+
+    @property
+    def pending(self) -> int:
+        """The last selected token: emitted, but not yet run through the target."""
+        return self.tokens[-1]
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    path: list[int]
+    """Accepted tree node indices, root to leaf (empty when the first draft token was rejected)."""
+    tokens: list[int]
+    """The accepted draft tokens followed by the bonus token (len(path) + 1 tokens)."""
+    proposed: int
+    """Draft tokens that could have been accepted this step (the tree's depth)."""
+
+    @property
+    def bonus(self) -> int:
+        return self.tokens[-1]
+
+
+class Drafter(Protocol):
+    needs_hidden_states: ClassVar[tuple[int, ...]]
+    """Target hidden-state layers this drafter reads from `DecodeState.hidden_states`."""
+
+    def start(self, state: DecodeState) -> None:
+        """Called once after the prefill (e.g. to prefill a draft model)."""
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        """A tree of at most `budget` nodes continuing `state.pending`."""
+        ...
+
+    def observe(self, state: DecodeState, result: AcceptResult) -> None:
+        """Feedback after verification; `state.tokens` already holds the accepted tokens."""
+
+
+class Verifier(Protocol):
+    lossless: ClassVar[bool]
+    """Output follows the target exactly: greedy token identity at temperature 0, the target's
+    distribution when sampling."""
+
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+        """Args:
+        tree: the proposal (N nodes).
+        target_logits: (N+1, V) target logits over `[pending] + tree` (row 0: after the pending token).
+        sampler: the request's sampling filters and random generator.
+        """
+        ...
+
+
+class Controller(Protocol):
+    def budget(self, state: DecodeState) -> int:
+        """Largest number of draft nodes to propose this step."""
+        ...
+
+    def observe(self, result: AcceptResult) -> None:
+        """Feedback after verification."""

@@ -1,0 +1,83 @@
+"""Draft trees: the candidate continuations a drafter proposes for one verify forward.
+
+Nodes are stored in topological order (a parent before its children). `parents[i] == -1` means node
+`i` continues the *pending* token, the last selected token that is not in the KV cache yet; the
+verify forward runs over `[pending] + tree.tokens`, so tree node `i` sits at forward index `i + 1`.
+
+Example (a chain is the special case of one child per node):
+
+    pending ─┬─ 0 "the" ── 2 "cat"
+             └─ 1 "a"   ── 3 "dog" ── 4 "ran"
+
+    tokens  = [the, a, cat, dog, ran]
+    parents = [-1, -1, 0, 1, 3]
+    depths  = [1, 1, 2, 2, 3]          # the pending token has depth 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: Tensor  # (N,) int64
+    parents: Tensor  # (N,) int64, -1 for children of the pending token
+    draft_probs: Tensor | None = None  # (N, V) float32: distribution each node's token was drawn from; None = deterministic
+
+    def __post_init__(self) -> None:
+        n = self.tokens.shape[0]
+        if self.tokens.dim() != 1 or self.parents.shape != (n,):
+            raise ValueError(f"tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} must be (N,)")
+        if n and bool((self.parents >= torch.arange(n)).any()):
+            raise ValueError(f"parents must precede their children (topological order), got {self.parents.tolist()}")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
+            raise ValueError(f"draft_probs {tuple(self.draft_probs.shape)} must have one row per node ({n})")
+
+    @classmethod
+    def empty(cls) -> DraftTree:
+        return cls(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+
+    @classmethod
+    def chain(cls, tokens: list[int] | Tensor, draft_probs: Tensor | None = None) -> DraftTree:
+        tokens = torch.as_tensor(tokens, dtype=torch.int64)
+        return cls(tokens, torch.arange(tokens.shape[0]) - 1, draft_probs)
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    def depths(self) -> Tensor:
+        """(N,) int64 depth of each node; children of the pending token have depth 1."""
+        depth = torch.zeros(self.size, dtype=torch.int64)
+        for i, p in enumerate(self.parents.tolist()):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        return depth
+
+    @property
+    def depth(self) -> int:
+        """Longest root-to-leaf path: the most draft tokens one step can accept."""
+        return int(self.depths().max()) if self.size else 0
+
+    def children(self, node: int) -> list[int]:
+        """Node indices whose parent is `node` (-1: the pending token), in proposal order."""
+        return (self.parents == node).nonzero().flatten().tolist()
+
+    def verify_inputs(self, pending: int, start: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Tokens, positions and tree mask of the verify forward over `[pending] + tree`.
+
+        Returns:
+            tokens: (1, N+1) int64; positions: (1, N+1) int64 (`start + depth`);
+            mask: (1, N+1, N+1) bool, each entry sees itself, its ancestors and the pending token.
+        """
+        n = self.size + 1
+        parents = torch.cat([torch.tensor([-1]), self.parents + 1])  # forward indices; pending is 0
+        mask = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):  # topological order: a parent's row is complete before its children
+            mask[i] |= mask[parents[i]]
+        depths = torch.cat([torch.zeros(1, dtype=torch.int64), self.depths()])
+        tokens = torch.cat([torch.tensor([pending]), self.tokens])
+        return tokens[None], (start + depths)[None], mask[None]

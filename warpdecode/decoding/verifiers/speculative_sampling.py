@@ -1,0 +1,79 @@
+"""Lossless speculative sampling for chains and trees.
+
+For a chain this is the rejection rule of Leviathan et al. (2023) and Chen et al. (2023): a draft
+token x drawn from the draft distribution q is *accepted* with probability min(1, p(x) / q(x)), where
+p is the target distribution; after a rejection the *recovered* token is drawn from the residual
+norm(max(p - q, 0)). When every draft token is accepted the *bonus* token is drawn from p.
+
+For a tree, siblings are tried in order with the same rule, each rejection replacing p by its
+residual before the next sibling (SpecInfer's multi-step speculative sampling, Miao et al. 2024).
+Siblings must be independent draws from their `draft_probs` rows, or deterministic proposals
+(`draft_probs is None`: a point mass, for which the rule accepts x with probability p(x)). Either
+way the emitted tokens follow p exactly.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.protocols import AcceptResult
+from warpdecode.decoding.registry import register
+from warpdecode.decoding.sampler import Sampler
+from warpdecode.decoding.tree import DraftTree
+
+
+def residual(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
+    """norm(max(p - q, 0)) over (V,); falls back to p where p <= q everywhere (then q == p: never rejects)."""
+    r = (target_probs - draft_probs).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else target_probs
+
+
+def speculative_accept(
+    tree: DraftTree, target_probs: Tensor, uniforms: Tensor, generator: torch.Generator | None
+) -> AcceptResult:
+    """The pure acceptance rule, randomness explicit.
+
+    Args:
+        tree: N-node proposal; `tree.draft_probs` (N, V) or None for point masses.
+        target_probs: (N+1, V) filtered target distributions; row 0 follows the pending token.
+        uniforms: (N,) float32 in [0, 1), one acceptance draw per node.
+        generator: draws the recovered / bonus token.
+    """
+    tokens = tree.tokens.tolist()
+    parents = tree.parents.tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        p = target_probs[node + 1]
+        accepted = None
+        for child in (c for c, parent in enumerate(parents) if parent == node):
+            x = tokens[child]
+            q = tree.draft_probs[child] if tree.draft_probs is not None else None
+            qx = float(q[x]) if q is not None else 1.0
+            if float(uniforms[child]) * qx < float(p[x]):  # u < p(x) / q(x), without dividing by zero
+                accepted = child
+                break
+            if q is None:
+                q = torch.zeros_like(p)
+                q[x] = 1.0
+            p = residual(p, q)
+        if accepted is None:
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return AcceptResult(path, [tokens[c] for c in path] + [bonus], proposed=tree.depth)
+        path.append(accepted)
+        node = accepted
+
+
+@register("verifier", "speculative_sampling")
+class SpeculativeSampling:
+    lossless: ClassVar[bool] = True
+    needs_sampling: ClassVar[bool] = True
+
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+        target_probs = sampler.probs(target_logits)  # (N+1, V)
+        uniforms = torch.rand(tree.size, generator=sampler.generator)
+        return speculative_accept(tree, target_probs, uniforms, sampler.generator)
