@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
+from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.cache import KVCache
