@@ -10,10 +10,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -76,18 +73,24 @@ def step_compare(max_new_tokens: int) -> str | None:
     return table.splitlines()[-1].strip()
 
 
-def step_train(out_dir: Path, max_steps: int) -> dict:
+def step_train(out_dir: Path, max_steps: int) -> dict[str, float]:
     banner(f"4. train the tiny code model ({max_steps} steps, configs/causal_lm/tiny-code.yaml)")
-    cmd = [sys.executable, "-m", "warpdecode.cli", "fit", "--config", "configs/causal_lm/tiny-code.yaml",
-           f"--trainer.max_steps={max_steps}", f"--trainer.default_root_dir={out_dir}",
-           f"--model.export_dir={out_dir / 'model'}"]
-    print(" ".join(cmd[2:]), flush=True)
-    env = os.environ | {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+    from warpdecode.modules.lightning_cli import build_cli, finish_wandb_run
+
+    os.environ.setdefault("WANDB_MODE", "offline")
+    common = ["--config", "configs/causal_lm/tiny-code.yaml", f"--trainer.default_root_dir={out_dir}",
+              f"--trainer.logger.init_args.save_dir={out_dir}", "--trainer.enable_progress_bar=true"]
+    print("held-out perplexity of the untrained model (warpdecode validate ...)", flush=True)
+    cli = build_cli(["validate", *common])
+    before = float(cli.trainer.callback_metrics["val/ppl"])
+    finish_wandb_run()
+    print(f"training (warpdecode fit {' '.join(common[:2])} --trainer.max_steps={max_steps})", flush=True)
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env)
-    metrics = json.loads((out_dir / "model" / "metrics.json").read_text())
-    metrics["seconds"] = time.perf_counter() - start
-    return metrics
+    cli = build_cli(["fit", *common, f"--trainer.max_steps={max_steps}", f"--model.export_dir={out_dir / 'model'}"])
+    after = float(cli.trainer.callback_metrics["val/ppl"])
+    finish_wandb_run()
+    return {"val_ppl_start": before, "val_ppl_end": after, "steps": cli.trainer.global_step,
+            "seconds": time.perf_counter() - start}
 
 
 def step_generate_tiny(model_dir: Path) -> str:
@@ -102,7 +105,7 @@ def step_generate_tiny(model_dir: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("demo-out"))
-    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--train-steps", type=int, default=150)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
     torch.set_flush_denormal(True)

@@ -53,7 +53,7 @@ def get(kind: Kind, name: str) -> type:
 def options(cls: type) -> dict[str, dict[str, Any]]:
     """Constructor options of a component: name → {"type", "default"}."""
     out = {}
-    for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+    for p in inspect.signature(cls).parameters.values():
         default = None if p.default is inspect.Parameter.empty else p.default
         out[p.name] = {"type": str(p.annotation), "default": default}
     return out
