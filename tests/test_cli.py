@@ -97,3 +97,37 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
                            "--prompt", "x"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "no config.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_methods_lists_registry_with_flags(capsys):
+    main(["methods", "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {(r["kind"], r["name"]): r for r in rows}
+    assert by_name[("verifier", "greedy")]["lossless"] is True
+    assert by_name[("verifier", "typical")]["lossless"] is False
+    assert by_name[("drafter", "prompt_lookup")]["options"]["num_tokens"]["default"] == 10
+    assert {("drafter", "none"), ("drafter", "draft_model"), ("controller", "fixed")} <= set(by_name)
+
+
+def test_generate_with_method_matches_plain_greedy(model_dir, capsys):
+    base = ["generate", "--model", str(model_dir), "--prompt", "for i in range(10): for i in", "--chat", "false",
+            "--max-new-tokens", "12", "--json"]
+    main(base)
+    plain = json.loads(capsys.readouterr().out)
+    main(base + ["--method", "draft_model", "--method-options", '{"layers": 1, "num_tokens": 3}'])
+    drafted = json.loads(capsys.readouterr().out)
+    assert drafted["token_ids"] == plain["token_ids"]
+    steps = drafted["stats"]["accepted_per_step"]
+    assert drafted["stats"]["target_forwards"] == len(steps)
+    assert drafted["stats"]["tau"] == pytest.approx((sum(steps) + len(steps)) / len(steps))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--method", "nope"], "unknown drafter 'nope'"),
+     (["--method", "draft_model", "--method-options", '{"layer": 1}'], "no option(s) ['layer']"),
+     (["--verifier", "speculative_sampling"], "needs sampling")],
+)
+def test_bad_method_is_one_line_error(extra, message, model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(model_dir), "--prompt", "x", *extra], capsys)
+    assert code == 2 and message in err and "Traceback" not in err

@@ -41,12 +41,14 @@ def main(argv: list[str] | None = None) -> None:
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     try:
-        CLI([commands.convert, commands.generate], args=_normalise_flags(argv), as_positional=True)
+        CLI([commands.convert, commands.generate, commands.methods], args=_normalise_flags(argv), as_positional=True)
     except WarpdecodeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,10 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     chat: bool | None = None,
+    method: str = "none",
+    method_options: dict[str, Any] | None = None,
+    verifier: str | None = None,
+    verifier_options: dict[str, Any] | None = None,
     json_output: bool = False,
     threads: int | None = None,
 ) -> None:
@@ -49,9 +54,14 @@ def generate(
         top_p: nucleus sampling mass in (0, 1].
         seed: random seed for sampling.
         chat: wrap the prompt in the model's chat template (default: when the model has one).
+        method: decoding method (a drafter from `warpdecode methods`); none = plain decoding.
+        method_options: the drafter's options as JSON, e.g. '{"layers": 10}' for draft_model.
+        verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
+        verifier_options: the verifier's options as JSON.
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
     """
+    from warpdecode.decoding.generate import build_method
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
     from warpdecode.models.checkpoint import load_pretrained
@@ -60,6 +70,8 @@ def generate(
         raise ConfigError(f"--temperature must be >= 0, got {temperature}")
     if threads is not None:
         torch.set_num_threads(threads)
+    built = build_method(method, do_sample=temperature > 0, verifier=verifier, options=method_options,
+                         verifier_options=verifier_options)
     target, tokenizer = load_pretrained(model)
 
     def stream(text: str) -> None:
@@ -77,6 +89,7 @@ def generate(
         top_p=top_p,
         seed=seed,
         chat=chat,
+        method=built,
         streamer=None if json_output else stream,
     )
     if json_output:
@@ -85,5 +98,38 @@ def generate(
     else:
         s = out.stats
         print()
-        print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, "
+        print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def methods(*, json_output: bool = False) -> None:
+    """List the registered decoding components: drafters (methods), verifiers and controllers.
+
+    Args:
+        json_output: print JSON instead of a table (also --json).
+    """
+    from warpdecode.decoding import registry
+
+    rows = []
+    for kind in registry.KINDS:
+        for name in registry.names(kind):
+            cls = registry.get(kind, name)
+            rows.append({
+                "kind": kind,
+                "name": name,
+                # a drafter's output is decided by its verifier; the default verifiers are lossless
+                "lossless": getattr(cls, "lossless", kind == "drafter" or None),
+                "needs_training": getattr(cls, "needs_training", False),
+                "options": registry.options(cls),
+                "summary": (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0],
+            })
+    if json_output:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        lossless = {True: "lossless", False: "LOSSY", None: ""}[row["lossless"]]
+        options = ", ".join(f"{k}={v['default']}" for k, v in row["options"].items())
+        print(f"{row['kind']:<10} {row['name']:<22} {lossless:<9} {'trained' if row['needs_training'] else '':<8} "
+              f"{options}")
+        print(f"{'':<10} {row['summary']}")
+    print("\nDrafters are lossless with the default verifier (greedy, or speculative_sampling when sampling).")
