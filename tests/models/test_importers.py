@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from random_weights import perturb_parameters
 from safetensors.torch import load_file, save_file
 
 from warpdecode.errors import CheckpointError, ConfigError
@@ -80,15 +81,7 @@ def hf_model(kind: str):  # type: ignore[no-untyped-def]
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.1)
-            elif p.dim() == 1:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.15)
-    return model
+    return perturb_parameters(model)
 
 
 def to_warpdecode(hf) -> Transformer:  # type: ignore[no-untyped-def]

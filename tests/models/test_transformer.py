@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from random_weights import perturb_parameters
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
@@ -50,15 +51,7 @@ def tiny_model(config: ModelConfig, seed: int = 0) -> Transformer:
     """A random model whose every parameter (norm gains and biases included) matters to the output."""
     torch.manual_seed(seed)
     model = Transformer(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.1)
-            elif p.dim() == 1:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.15)
-    return model
+    return perturb_parameters(model)
 
 
 def pad_rows(rows: list[Tensor], pad: int = V - 1) -> Tensor:

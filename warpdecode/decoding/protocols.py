@@ -52,6 +52,10 @@ class AcceptResult:
     def bonus(self) -> int:
         return self.tokens[-1]
 
+    @classmethod
+    def from_path(cls, tree: DraftTree, path: list[int], bonus: int) -> AcceptResult:
+        return cls(path, [int(tree.tokens[c]) for c in path] + [bonus], proposed=tree.depth)
+
 
 class Drafter(Protocol):
     needs_hidden_states: ClassVar[tuple[int, ...]]

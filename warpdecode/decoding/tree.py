@@ -62,9 +62,12 @@ class DraftTree:
         """Longest root-to-leaf path: the most draft tokens one step can accept."""
         return int(self.depths().max()) if self.size else 0
 
-    def children(self, node: int) -> list[int]:
-        """Node indices whose parent is `node` (-1: the pending token), in proposal order."""
-        return (self.parents == node).nonzero().flatten().tolist()
+    def children(self) -> dict[int, list[int]]:
+        """Parent node (-1: the pending token) → its child node indices, in proposal order."""
+        out: dict[int, list[int]] = {}
+        for child, parent in enumerate(self.parents.tolist()):
+            out.setdefault(parent, []).append(child)
+        return out
 
     def verify_inputs(self, pending: int, start: int) -> tuple[Tensor, Tensor, Tensor]:
         """Tokens, positions and tree mask of the verify forward over `[pending] + tree`.

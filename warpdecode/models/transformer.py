@@ -41,6 +41,17 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class LayerContext:
+    """What every layer of one forward shares."""
+
+    rope: tuple[Tensor, Tensor] | None  # (B, 1, T, D) cos and sin, or None for learned positions
+    mask: Tensor | None  # (B, 1, T, S) bool, or None (see is_causal)
+    is_causal: bool
+    cache: KVCache | None
+    plan: WritePlan | None
+
+
 def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return RMSNorm(config.d_model, config.norm_eps)
@@ -86,29 +97,20 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.d_model, bias=config.out_bias)
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor] | None,
-        mask: Tensor | None,
-        is_causal: bool,
-        cache: KVCache | None,
-        layer: int,
-        plan: WritePlan | None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, ctx: LayerContext, layer: int) -> Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        if rope is not None:
-            cos, sin = rope  # (B, 1, T, D) each
+        if ctx.rope is not None:
+            cos, sin = ctx.rope  # (B, 1, T, D) each
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        if cache is not None:
-            assert plan is not None
-            k, v = cache.write(layer, k, v, plan)  # (B, Hkv, S_used, D)
+        if ctx.cache is not None:
+            assert ctx.plan is not None
+            k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
+            q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal, enable_gqa=self.n_kv_head != self.n_head
         )  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
@@ -136,17 +138,8 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor] | None,
-        mask: Tensor | None,
-        is_causal: bool,
-        cache: KVCache | None,
-        layer: int,
-        plan: WritePlan | None,
-    ) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, mask, is_causal, cache, layer, plan)
+    def forward(self, x: Tensor, ctx: LayerContext, layer: int) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), ctx, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -264,17 +257,16 @@ class Transformer(nn.Module):
             rope = self._rope(positions, x.dtype)
 
         if plan is None:
-            is_causal = attention_mask is None and self.config.causal
             mask = None if attention_mask is None else attention_mask[:, None].to(x.device)
+            ctx = LayerContext(rope, mask, attention_mask is None and self.config.causal, None, None)
         else:
-            is_causal = False
-            mask = self._full_mask(attention_mask, plan, x.device)
+            ctx = LayerContext(rope, self._full_mask(attention_mask, plan, x.device), False, cache, plan)
 
         hidden: dict[int, Tensor] = {}
         for i, block in enumerate(self.blocks):
             if i in wanted:
                 hidden[i] = x
-            x = block(x, rope, mask, is_causal, cache, i, plan)
+            x = block(x, ctx, i)
         x = self.norm(x)
         if self.config.n_layer in wanted:
             hidden[self.config.n_layer] = x

@@ -22,14 +22,14 @@ def greedy_accept(tree: DraftTree, target_logits: Tensor) -> AcceptResult:
     """
     best = target_logits.argmax(dim=-1).tolist()  # (N+1,) the target's choice after each position
     tokens = tree.tokens.tolist()
-    parents = tree.parents.tolist()
+    children = tree.children()
     path: list[int] = []
     node = -1
     while True:
         choice = best[node + 1]
-        child = next((c for c, p in enumerate(parents) if p == node and tokens[c] == choice), None)
+        child = next((c for c in children.get(node, []) if tokens[c] == choice), None)
         if child is None:
-            return AcceptResult(path, [tokens[c] for c in path] + [choice], proposed=tree.depth)
+            return AcceptResult.from_path(tree, path, choice)
         path.append(child)
         node = child
 

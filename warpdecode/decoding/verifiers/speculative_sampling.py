@@ -44,13 +44,13 @@ def speculative_accept(
         generator: draws the recovered / bonus token.
     """
     tokens = tree.tokens.tolist()
-    parents = tree.parents.tolist()
+    children = tree.children()
     path: list[int] = []
     node = -1
     while True:
         p = target_probs[node + 1]
         accepted = None
-        for child in (c for c, parent in enumerate(parents) if parent == node):
+        for child in children.get(node, []):
             x = tokens[child]
             q = tree.draft_probs[child] if tree.draft_probs is not None else None
             qx = float(q[x]) if q is not None else 1.0
@@ -63,7 +63,7 @@ def speculative_accept(
             p = residual(p, q)
         if accepted is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
-            return AcceptResult(path, [tokens[c] for c in path] + [bonus], proposed=tree.depth)
+            return AcceptResult.from_path(tree, path, bonus)
         path.append(accepted)
         node = accepted
 

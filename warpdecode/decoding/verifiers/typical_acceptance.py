@@ -30,12 +30,12 @@ def typical_accept(tree: DraftTree, target_probs: Tensor, epsilon: float, delta:
     entropy = -(target_probs * target_probs.clamp_min(1e-20).log()).sum(-1)  # (N+1,)
     threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy)).tolist()
     tokens = tree.tokens.tolist()
-    parents = tree.parents.tolist()
+    children = tree.children()
     path: list[int] = []
     node = -1
     while True:
         row = target_probs[node + 1]
-        passing = [c for c, p in enumerate(parents) if p == node and float(row[tokens[c]]) > threshold[node + 1]]
+        passing = [c for c in children.get(node, []) if float(row[tokens[c]]) > threshold[node + 1]]
         if not passing:
             return path, node + 1
         node = max(passing, key=lambda c: float(row[tokens[c]]))
@@ -61,5 +61,4 @@ class TypicalAcceptance:
         probs = torch.softmax(target_logits.float(), dim=-1)
         path, row = typical_accept(tree, probs, self.epsilon, self.delta)
         bonus = int(sampler.select(target_logits[row : row + 1])[0])
-        tokens = tree.tokens.tolist()
-        return AcceptResult(path, [tokens[c] for c in path] + [bonus], proposed=tree.depth)
+        return AcceptResult.from_path(tree, path, bonus)

@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from warpdecode.decoding.tree import DraftTree
+
+# pending ─┬─ 0 ── 2
+#          └─ 1 ── 3 ── 4
+TREE = DraftTree(torch.tensor([10, 11, 12, 13, 14]), torch.tensor([-1, -1, 0, 1, 3]))
+
+
+def test_depths_children_and_depth():
+    assert TREE.depths().tolist() == [1, 1, 2, 2, 3]
+    assert TREE.children() == {-1: [0, 1], 0: [2], 1: [3], 3: [4]}
+    assert TREE.depth == 3 and DraftTree.empty().depth == 0
+
+
+def test_verify_inputs_positions_and_ancestor_mask():
+    tokens, positions, mask = TREE.verify_inputs(pending=7, start=20)
+    assert tokens.tolist() == [[7, 10, 11, 12, 13, 14]]
+    assert positions.tolist() == [[20, 21, 21, 22, 22, 23]]
+    expected = [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0],
+        [1, 0, 1, 0, 1, 0],
+        [1, 0, 1, 0, 1, 1],
+    ]
+    assert mask.int().tolist() == [expected]
+
+
+def test_chain():
+    chain = DraftTree.chain([4, 5, 6])
+    assert chain.parents.tolist() == [-1, 0, 1] and chain.depth == 3
+
+
+def test_rejects_non_topological_order():
+    with pytest.raises(ValueError, match="topological"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([1, -1]))
+
+
+def test_rejects_misshaped_draft_probs():
+    with pytest.raises(ValueError, match="one row per node"):
+        DraftTree.chain([1, 2], torch.zeros(3, 8))
