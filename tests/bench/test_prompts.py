@@ -1,0 +1,79 @@
+"""Named prompt sets read from the shared evaluation sets (the real files)."""
+
+import gzip
+import json
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from warpdecode.bench.prompts import STDLIB_MIN_LINES, STDLIB_PROMPT_LINES, datasets_dir, load_prompts
+from warpdecode.datamodules.corpus import CorpusDataModule, split_of
+from warpdecode.errors import ConfigError
+
+MT_BENCH = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+SPEC_BENCH_OTHERS = ["translation", "summarization", "qa", "math_reasoning", "rag"]
+
+
+def test_spec_bench_categories_counts_and_first_turns():
+    prompts = load_prompts("spec_bench")
+    counts = Counter(p.category for p in prompts)
+    assert list(counts) == MT_BENCH + SPEC_BENCH_OTHERS  # file order
+    assert counts == {**dict.fromkeys(MT_BENCH, 10), **dict.fromkeys(SPEC_BENCH_OTHERS, 80)}
+    rows = [json.loads(line) for line in (datasets_dir() / "spec_bench/question.jsonl").open()]
+    assert [p.text for p in prompts] == [r["turns"][0] for r in rows]
+    assert prompts[0].id == "spec_bench/81" and prompts[0].chat is None  # chat template when the model has one
+
+
+def test_limit_is_per_category():
+    prompts = load_prompts("spec_bench", limit=2)
+    assert len(prompts) == 26
+    assert Counter(p.category for p in prompts) == dict.fromkeys(MT_BENCH + SPEC_BENCH_OTHERS, 2)
+    assert [p.id for p in prompts[:3]] == ["spec_bench/81", "spec_bench/82", "spec_bench/91"]
+
+
+def test_humaneval_is_raw_completion():
+    prompts = load_prompts("humaneval")
+    assert len(prompts) == 164 and {p.category for p in prompts} == {"humaneval"}
+    assert not any(p.chat for p in prompts)
+    with gzip.open(datasets_dir() / "humaneval/HumanEval.jsonl.gz", "rt") as f:
+        first = json.loads(f.readline())
+    assert prompts[0].id == "HumanEval/0" and prompts[0].text == first["prompt"]
+    assert len(load_prompts("humaneval,spec_bench", limit=1)) == 1 + 13
+
+
+def test_stdlib_code_comes_only_from_held_out_files():
+    prompts = load_prompts("stdlib_code")
+    corpus = CorpusDataModule(source="stdlib")
+    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    splits = {p.relative_to(root).as_posix(): split_of(p.relative_to(root).as_posix(), 0.05, 0.05)
+              for p in corpus.source_files()}
+    assert corpus.fractions["val"] == corpus.fractions["test"] == 0.05  # the defaults the rule above uses
+    files = [p.id.removeprefix("stdlib/").split(":")[0] for p in prompts]
+    assert {splits[f] for f in files} == {"test"}
+    assert len(set(files)) >= 10 and len(prompts) == len({p.id for p in prompts})
+    for p in prompts[:20]:
+        path, line, _name = p.id.removeprefix("stdlib/").split(":")
+        lines = p.text.splitlines()
+        assert 1 <= len(lines) <= STDLIB_PROMPT_LINES and lines[0].lstrip().startswith(("def ", "async def "))
+        assert p.chat is False and p.category == "stdlib_code"
+        source = (root / path).read_text(encoding="utf-8", errors="replace").splitlines()
+        assert lines[0].strip() == source[int(line) - 1].strip()
+    # round-robin over files: the first prompts come from different files
+    assert len(set(files[:5])) == 5
+    assert STDLIB_MIN_LINES // 2 <= min(len(p.text.splitlines()) for p in prompts)
+
+
+def test_missing_datasets_dir_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARPDECODE_DATASETS", str(tmp_path))
+    with pytest.raises(ConfigError, match="set WARPDECODE_DATASETS") as info:
+        load_prompts("spec_bench")
+    assert str(tmp_path / "spec_bench/question.jsonl") in str(info.value)
+
+
+def test_unknown_set_and_bad_limit():
+    with pytest.raises(ConfigError, match="unknown prompt set 'mmlu'; choose from: humaneval, spec_bench, stdlib_code"):
+        load_prompts("mmlu")
+    with pytest.raises(ConfigError, match="--limit must be >= 1"):
+        load_prompts("humaneval", limit=0)

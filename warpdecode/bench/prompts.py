@@ -1,0 +1,144 @@
+"""Named benchmark prompt sets, read from the evaluation sets in `$WARPDECODE_DATASETS`.
+
+| set | prompts | categories |
+|---|---|---|
+| `spec_bench` | first turn of each Spec-Bench question, chat template applied | the file's `category` field |
+| `humaneval` | HumanEval `prompt` as raw code completion (no chat template) | `humaneval` |
+| `stdlib_code` | the first lines of functions from held-out standard-library files, raw completion | `stdlib_code` |
+
+`WARPDECODE_DATASETS` defaults to `<repo>/../shared/datasets`. `stdlib_code` reads only files of the
+`test` split of `CorpusDataModule(source="stdlib")` (same hash rule, same default fractions), so no
+file that the stdlib training recipes train on becomes a prompt.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import os
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+
+from warpdecode.errors import ConfigError
+
+STDLIB_MIN_LINES = 16
+"""Functions shorter than this are not used: at least half of each function is left to complete."""
+STDLIB_PROMPT_LINES = 40
+"""Prompt = the first min(40, n // 2) lines of an n-line function (decorators excluded)."""
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    text: str
+    chat: bool | None
+    """Wrap in the chat template: True, False, or None (when the model has one)."""
+
+
+_SETS: dict[str, Callable[[], list[BenchPrompt]]] = {}
+
+
+def prompt_set(name: str) -> Callable[[Callable[[], list[BenchPrompt]]], Callable[[], list[BenchPrompt]]]:
+    """Register a loader of a named prompt set."""
+
+    def wrap(loader: Callable[[], list[BenchPrompt]]) -> Callable[[], list[BenchPrompt]]:
+        _SETS[name] = loader
+        return loader
+
+    return wrap
+
+
+def names() -> list[str]:
+    return sorted(_SETS)
+
+
+def datasets_dir() -> Path:
+    default = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+    return Path(os.environ.get("WARPDECODE_DATASETS", default))
+
+
+def dataset_file(relative: str) -> Path:
+    path = datasets_dir() / relative
+    if not path.is_file():
+        raise ConfigError(f"dataset file {path} not found; set WARPDECODE_DATASETS to the folder that holds "
+                          f"{relative} (default: <repo>/../shared/datasets)")
+    return path
+
+
+def load_prompts(spec: str, *, limit: int | None = None) -> list[BenchPrompt]:
+    """Prompts of one or more comma-separated sets, at most `limit` per category (file order kept)."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {limit}")
+    out: list[BenchPrompt] = []
+    for name in (part.strip() for part in spec.split(",")):
+        if name not in _SETS:
+            raise ConfigError(f"unknown prompt set {name!r}; choose from: {', '.join(names())}")
+        taken: dict[str, int] = {}
+        for prompt in _SETS[name]():
+            if limit is None or taken.get(prompt.category, 0) < limit:
+                taken[prompt.category] = taken.get(prompt.category, 0) + 1
+                out.append(prompt)
+    return out
+
+
+@prompt_set("spec_bench")
+def spec_bench() -> list[BenchPrompt]:
+    path = dataset_file("spec_bench/question.jsonl")
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                prompts.append(BenchPrompt(f"spec_bench/{row['question_id']}", row["category"], row["turns"][0], None))
+    return prompts
+
+
+@prompt_set("humaneval")
+def humaneval() -> list[BenchPrompt]:
+    path = dataset_file("humaneval/HumanEval.jsonl.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [BenchPrompt(row["task_id"], "humaneval", row["prompt"], False) for row in rows]
+
+
+def held_out_stdlib_files() -> list[tuple[str, Path]]:
+    """(relative path, path) of the stdlib corpus files in the `test` split, sorted."""
+    import sysconfig
+
+    from warpdecode.datamodules.corpus import STDLIB, CorpusDataModule, split_of
+
+    corpus = CorpusDataModule(source=STDLIB)
+    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    files = [(path.relative_to(root).as_posix(), path) for path in corpus.source_files()]
+    return [(key, path) for key, path in files
+            if split_of(key, corpus.fractions["val"], corpus.fractions["test"]) == "test"]
+
+
+def _function_prompts(key: str, source: str) -> Iterator[BenchPrompt]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    lines = source.splitlines(keepends=True)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+            n = node.end_lineno - node.lineno + 1
+            if n >= STDLIB_MIN_LINES:
+                head = lines[node.lineno - 1 : node.lineno - 1 + min(STDLIB_PROMPT_LINES, n // 2)]
+                yield BenchPrompt(f"stdlib/{key}:{node.lineno}:{node.name}", "stdlib_code",
+                                  textwrap.dedent("".join(head)), False)
+
+
+@prompt_set("stdlib_code")
+def stdlib_code() -> list[BenchPrompt]:
+    """Every function of >= 16 lines in the held-out files, taken round-robin over files so that a
+    `--limit` spreads over many files."""
+    per_file = [sorted(_function_prompts(key, path.read_text(encoding="utf-8", errors="replace")),
+                       key=lambda p: int(p.id.split(":")[-2]))
+                for key, path in held_out_stdlib_files()]
+    return [p for group in zip_longest(*per_file) for p in group if p is not None]
