@@ -133,3 +133,56 @@ def methods(*, json_output: bool = False) -> None:
               f"{options}")
         print(f"{'':<10} {row['summary']}")
     print("\nDrafters are lossless with the default verifier (greedy, or speculative_sampling when sampling).")
+
+
+def bench(
+    *,
+    model: str = DEFAULT_MODEL,
+    methods: str | list[str | dict[str, Any]] = "none,prompt_lookup",
+    prompts: str = "spec_bench",
+    limit: int | None = None,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    peers: str = "auto",
+    threads: int | None = None,
+    warmup_tokens: int = 8,
+    out: Path = Path("runs/bench"),
+) -> None:
+    """Benchmark decoding methods side by side on a prompt set; writes results.json, results.md, speedup.png.
+
+    For each prompt every method runs in turn (interleaved, after a warm-up), so machine noise spreads
+    over all of them; plain greedy `none` always runs and is the speedup baseline. Example:
+
+        warpdecode bench --methods prompt_lookup,draft_model:layers=10:num_tokens=4 --prompts spec_bench --limit 2
+
+    Args:
+        model: model directory, .gguf file, or model name.
+        methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
+            options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10. Values are int, float,
+            true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY: VALUE} mappings.
+        prompts: prompt set(s), comma-separated: spec_bench, humaneval, stdlib_code (read from
+            $WARPDECODE_DATASETS, default <repo>/../shared/datasets).
+        limit: at most this many prompts per category (default: the whole set).
+        max_new_tokens: largest number of tokens generated per prompt.
+        temperature: 0 for greedy decoding (output compared with plain greedy); > 0 samples.
+        top_k: sample only among the k most likely tokens.
+        top_p: nucleus sampling mass in (0, 1].
+        seed: sampling seed of the first prompt (prompt i uses seed + i).
+        peers: auto (transformers rows when transformers is installed), transformers, or none.
+        threads: CPU threads for torch (default: torch's choice); peers run on the same threads.
+        warmup_tokens: tokens each method generates once before measuring (0: no warm-up).
+        out: output directory.
+    """
+    from warpdecode.bench.harness import BenchConfig, run_bench
+    from warpdecode.bench.report import write
+
+    config = BenchConfig(model=model, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, peers=peers, threads=threads,
+                         warmup_tokens=warmup_tokens)
+    result = run_bench(config, methods=methods)
+    paths = write(result, out)
+    print(result.table())
+    print(f"\n{len(result.skipped_too_long)} prompt(s) skipped as too long; wrote {', '.join(map(str, paths.values()))}")

@@ -2,13 +2,19 @@
 
 Peers are optional: each one imports its library lazily and raises `CapabilityError` when it is
 missing, so a benchmark can skip it with a reason instead of failing.
+
+`TRANSFORMERS_EQUIVALENTS` maps a warpdecode drafter to the `generate()` arguments of Hugging Face's
+own version of the method: prompt lookup (`prompt_lookup_num_tokens`) and assisted generation
+(`assistant_model`). A drafter without an entry has no transformers row.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,25 +27,89 @@ class PeerResult:
     seconds: float
 
 
+def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = None) -> Any:
+    """`AutoModelForCausalLM` in fp32 from a model directory; `num_hidden_layers=N` keeps its first N
+    blocks (the weights of the others are not loaded), final norm and head."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise CapabilityError("the transformers peer needs the [hf] extra") from e
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    overrides = {} if num_hidden_layers is None else {"num_hidden_layers": num_hidden_layers}
+    return transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **overrides).eval()
+
+
 class TransformersGenerate:
-    """Hugging Face `generate()` (greedy, KV cache) on the same checkpoint directory, fp32."""
+    """Hugging Face `generate()` (KV cache, fp32) on the same checkpoint directory: greedy by default;
+    `generate_kwargs` select its other modes (prompt lookup, assisted generation)."""
 
     name = "transformers.generate"
 
-    def __init__(self, model_dir: Path) -> None:
-        try:
-            import transformers
-        except ImportError as e:
-            raise CapabilityError("the transformers peer needs the [hf] extra") from e
-        transformers.logging.set_verbosity_error()
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    def __init__(self, model_dir: Path, *, model: Any | None = None, generate_kwargs: dict[str, Any] | None = None) -> None:
+        self.model = load_transformers_model(model_dir) if model is None else model
+        self.generate_kwargs = dict(generate_kwargs or {})
 
     @torch.inference_mode()
-    def generate(self, ids: list[int], max_new_tokens: int, device: str = "cpu") -> PeerResult:
+    def generate(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        device: str = "cpu",
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> PeerResult:
+        sampling: dict[str, Any] = {"do_sample": do_sample}
+        if do_sample:  # top_k=0 / top_p=1 switch off transformers' default filters (top_k=50)
+            sampling |= {"temperature": temperature, "top_k": top_k or 0, "top_p": top_p or 1.0}
+            if seed is not None:
+                torch.manual_seed(seed)
         start = time.perf_counter()
         out = self.model.generate(
-            torch.tensor([ids], device=device), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+            torch.tensor([ids], device=device), max_new_tokens=max_new_tokens, pad_token_id=0,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device), **sampling, **self.generate_kwargs,
         )
         seconds = time.perf_counter() - start
         return PeerResult(token_ids=out[0, len(ids):].tolist(), seconds=seconds)
+
+
+def _prompt_lookup(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
+    return {"prompt_lookup_num_tokens": options["num_tokens"], "max_matching_ngram_size": options["max_ngram"]}
+
+
+def _assisted(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
+    """The same draft as `draft_model`: its model directory, or the target's first `layers` blocks.
+    The assistant keeps transformers' own drafting schedule (its generation_config defaults)."""
+    from warpdecode.models.checkpoint import resolve
+
+    if options["layers"] is not None:
+        assistant = load_transformers_model(target_dir, num_hidden_layers=options["layers"])
+    else:
+        assistant = load_transformers_model(resolve(options["model"]))
+    return {"assistant_model": assistant}
+
+
+TRANSFORMERS_EQUIVALENTS: dict[str, Callable[[dict[str, Any], Path], dict[str, Any]]] = {
+    "prompt_lookup": _prompt_lookup,
+    "draft_model": _assisted,
+}
+"""Drafter name → (its options with defaults filled in, target directory) → transformers `generate()` kwargs."""
+
+
+def describe(generate_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """JSON-friendly settings of a peer mode (an assistant model is described by its drafting schedule)."""
+    out: dict[str, Any] = {}
+    for key, value in generate_kwargs.items():
+        if key == "assistant_model":
+            config = value.generation_config
+            out[key] = {"num_hidden_layers": value.config.num_hidden_layers,
+                        "num_assistant_tokens": config.num_assistant_tokens,
+                        "num_assistant_tokens_schedule": config.num_assistant_tokens_schedule,
+                        "assistant_confidence_threshold": config.assistant_confidence_threshold}
+        else:
+            out[key] = value
+    return out

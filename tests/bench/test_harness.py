@@ -1,0 +1,127 @@
+"""End to end: `warpdecode bench` on a tiny random model writes results.json, results.md and a PNG."""
+
+import json
+import struct
+
+import pytest
+import yaml
+
+from warpdecode.bench.harness import BenchConfig, run_bench
+from warpdecode.bench.prompts import BenchPrompt, load_prompts
+from warpdecode.bench.report import markdown
+from warpdecode.cli import main
+from warpdecode.decoding.generate import encode_prompt
+from warpdecode.models.checkpoint import load_pretrained
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+METHODS = ["none", "prompt_lookup:num_tokens=4", "draft_model:layers=1:num_tokens=3"]
+PEERS = ["transformers", "transformers/prompt_lookup:num_tokens=4", "transformers/draft_model:layers=1:num_tokens=3"]
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def bench_out(tiny_model_dir, tmp_path_factory):
+    """One CLI run; the methods come from a YAML config (a spec string and a mapping)."""
+    out = tmp_path_factory.mktemp("bench")
+    config = out / "bench.yaml"
+    config.write_text(yaml.safe_dump({"methods": ["prompt_lookup:num_tokens=4",
+                                                  {"name": "draft_model", "layers": 1, "num_tokens": 3}]}))
+    main(["bench", "--config", str(config), "--model", str(tiny_model_dir), "--prompts", "spec_bench", "--limit", "1",
+          "--max-new-tokens", str(MAX_NEW), "--threads", "1", "--warmup-tokens", "2", "--out", str(out / "run")])
+    return out / "run"
+
+
+def test_results_json_rows_and_numbers(bench_out, tiny_model_dir):
+    data = json.loads((bench_out / "results.json").read_text())
+    assert [r["label"] for r in data["rows"]] == METHODS + PEERS
+    assert set(data["machine"]) >= {"cpu", "torch", "torch_threads", "date", "transformers"}
+    assert data["machine"]["torch_threads"] == 1
+    # prompts that do not fit the context with the generation budget are skipped and listed
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    prompts = load_prompts("spec_bench", limit=1)
+    too_long = [p.id for p in prompts if len(encode_prompt(tokenizer, p.text, chat=p.chat)) + MAX_NEW > model.config.max_seq_len]
+    assert data["skipped_too_long"] == too_long and len(too_long) > 0
+    measured = [m for m in data["measurements"] if m["row"] == "none"]
+    assert len(data["measurements"]) == 6 * len(measured) == 6 * (13 - len(too_long))
+    # aggregates are ratios of totals; tau and alpha sum over verify forwards
+    for agg in (a for a in data["aggregates"] if a["category"] == "all"):
+        ms = [m for m in data["measurements"] if m["row"] == agg["row"]]
+        assert agg["tokens_per_second"] == pytest.approx(sum(m["new_tokens"] for m in ms) / sum(m["seconds"] for m in ms))
+        if agg["row"] in METHODS:
+            steps = sum(m["target_forwards"] for m in ms)
+            assert agg["tau"] == pytest.approx((sum(m["accepted"] for m in ms) + steps) / steps)
+            assert agg["identical"] == agg["prompts"] == len(measured)  # lossless at temperature 0
+        else:
+            assert agg["tau"] is None and agg["time_to_first_token"] is None
+    assert all(m["new_tokens"] == len(m["token_ids"]) <= MAX_NEW for m in data["measurements"])
+
+
+def test_baseline_speedup_is_exactly_one(bench_out):
+    data = json.loads((bench_out / "results.json").read_text())
+    baseline = [a for a in data["aggregates"] if a["row"] == "none"]
+    assert len(baseline) == len(data["categories"]) + 1
+    assert all(a["speedup"] == 1.0 and a["tau"] == 1.0 and a["acceptance_rate"] is None for a in baseline)
+    peers = [a for a in data["aggregates"] if a["row"] == "transformers"]
+    assert all(a["speedup_vs_transformers"] == 1.0 for a in peers)
+    assert all(a["speedup_vs_transformers"] is None for a in data["aggregates"] if a["row"] in METHODS)
+
+
+def test_results_markdown_table(bench_out):
+    text = (bench_out / "results.md").read_text()
+    lines = text.splitlines()
+    header = "| method | tok/s | speedup | τ | τ w/o bonus | α | TTFT ms | peak MiB | identical | vs transformers |"
+    assert lines.count(header) == 1
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in lines[lines.index(header) + 2:] if line.startswith("| `")}
+    assert list(rows) == [f"| `{label}`" for label in METHODS + PEERS]
+    assert rows["| `none`"][2] == "1.00x" and rows["| `none`"][5] == "–"
+    assert all(rows[f"| `{label}`"][8] == "yes" for label in METHODS)
+    assert rows["| `transformers`"][-1] == "1.00x |"
+    assert "--methods none,prompt_lookup:num_tokens=4,draft_model:layers=1:num_tokens=3" in text
+    assert "| **all** | 10 |" in text and "prompt(s) skipped" in text
+
+
+def test_plot_is_a_png(bench_out):
+    data = (bench_out / "speedup.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (int(min(16.0, 3.0 + 1.1 * 11) * 120), 600)  # 10 categories + all, 120 dpi
+
+
+def test_run_bench_sampling_has_no_identity(tiny_model_dir):
+    prompts = [BenchPrompt("a", "x", "for i in range(10): for i in", False),
+               BenchPrompt("b", "y", "print('hello world') print(", False)]
+    config = BenchConfig(model=str(tiny_model_dir), max_new_tokens=6, temperature=0.9, seed=3, peers="none",
+                         warmup_tokens=0)
+    result = run_bench(config, methods="prompt_lookup", prompts=prompts, progress=False)
+    assert [r.label for r in result.rows] == ["none", "prompt_lookup"]
+    assert result.categories == ["x", "y"] and result.skipped_too_long == [] and result.skipped_rows == {}
+    assert all(m.identical is None for m in result.measurements)
+    assert result.aggregate("prompt_lookup").identical is None
+    assert result.aggregate("none", "y").speedup == 1.0 and result.aggregate("none").prompts == 2
+    assert "| `prompt_lookup` |" in result.table() and "| n/a |" in result.table()
+    again = run_bench(config, methods="prompt_lookup", prompts=prompts, progress=False)
+    assert [m.token_ids for m in again.measurements] == [m.token_ids for m in result.measurements]  # seeded
+
+
+def test_missing_peer_is_skipped_with_a_reason_or_refused(tiny_model_dir, monkeypatch):
+    from warpdecode.bench import peers
+    from warpdecode.errors import CapabilityError
+
+    def missing(*args, **kwargs):
+        raise CapabilityError("the transformers peer needs the [hf] extra")
+
+    prompts = [BenchPrompt("a", "x", "print('hello world')", False)]
+    config = BenchConfig(model=str(tiny_model_dir), max_new_tokens=3, warmup_tokens=0)
+    monkeypatch.setitem(peers.TRANSFORMERS_EQUIVALENTS, "prompt_lookup", missing)
+    result = run_bench(config, methods="prompt_lookup", prompts=prompts, progress=False)
+    assert [r.label for r in result.rows] == ["none", "prompt_lookup", "transformers"]
+    assert result.skipped_rows == {"transformers/prompt_lookup": "CapabilityError: the transformers peer needs the [hf] extra"}
+    assert "- `transformers/prompt_lookup` not run: CapabilityError" in markdown(result)
+
+    monkeypatch.setattr(peers, "load_transformers_model", missing)
+    result = run_bench(config, methods="none", prompts=prompts, progress=False)
+    assert [r.label for r in result.rows] == ["none"] and set(result.skipped_rows) == {"transformers"}
+    config.peers = "transformers"
+    with pytest.raises(CapabilityError, match=r"\[hf\] extra"):
+        run_bench(config, methods="none", prompts=prompts, progress=False)

@@ -1,0 +1,72 @@
+"""Method specs `NAME[:KEY=VALUE...]`: parsing, validation against the registry, CLI errors."""
+
+import pytest
+
+from warpdecode.bench.specs import MethodSpec, parse_method, parse_methods, parse_value
+from warpdecode.cli import main
+from warpdecode.errors import ConfigError
+
+
+@pytest.mark.parametrize("text, value", [("10", 10), ("-2", -2), ("0.5", 0.5), ("true", True), ("False", False),
+                                         ("null", None), ("models/draft", "models/draft"), ("1e3", 1000.0)])
+def test_parse_value(text, value):
+    parsed = parse_value(text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+def test_parse_methods_cli_form_puts_baseline_first():
+    specs = parse_methods("prompt_lookup,draft_model:layers=10:num_tokens=4")
+    assert specs == [MethodSpec("none"), MethodSpec("prompt_lookup"),
+                     MethodSpec("draft_model", {"layers": 10, "num_tokens": 4})]
+    assert [s.label for s in specs] == ["none", "prompt_lookup", "draft_model:layers=10:num_tokens=4"]
+
+
+def test_parse_methods_keeps_one_listed_baseline_and_order():
+    specs = parse_methods(["prompt_lookup:num_tokens=4", " none ", {"name": "draft_model", "model": "models/d"}])
+    assert [s.label for s in specs] == ["none", "prompt_lookup:num_tokens=4", "draft_model:model=models/d"]
+    assert specs[2].options == {"model": "models/d"}
+
+
+def test_parse_method_strips_spaces():
+    assert parse_method(" draft_model : layers = 3 ") == MethodSpec("draft_model", {"layers": 3})
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("nope", "unknown drafter 'nope'"),
+        ("draft_model:layer=1", "no option(s) ['layer']"),
+        ("draft_model:layers", "'layers' is not KEY=VALUE"),
+        ("draft_model:layers=", "'layers=' is not KEY=VALUE"),
+        ("draft_model:layers=1:layers=2", "sets 'layers' twice"),
+        ("prompt_lookup,,none", "empty method"),
+        (":layers=1", "has no name"),
+        ("prompt_lookup,prompt_lookup", "listed twice: prompt_lookup"),
+        ("prompt_lookup:num_tokens=0", "num_tokens >= 1"),
+        ("draft_model", "exactly one of model="),
+        ([{"layers": 1}], "needs a 'name'"),
+    ],
+)
+def test_bad_specs_raise_config_error(value, message):
+    with pytest.raises(ConfigError) as info:
+        parse_methods(value)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--methods", "prompt_lookup:max_ngram"], "'max_ngram' is not KEY=VALUE"),
+        (["--methods", "medusa"], "unknown drafter 'medusa'"),
+        (["--prompts", "no_such_set"], "unknown prompt set 'no_such_set'"),
+        (["--limit", "0"], "--limit must be >= 1"),
+        (["--peers", "vllm"], "--peers must be one of auto, transformers, none"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(argv, message, tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--model", str(tiny_model_dir), "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2
+    assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "results.json").exists()
