@@ -94,10 +94,10 @@ def step_train(out_dir: Path, max_steps: int) -> dict[str, float]:
 
 
 def step_generate_tiny(model_dir: Path) -> str:
-    banner("5. generate from the tiny model it trained")
+    banner("5. sample from the tiny model it trained (temperature 0.8, top-k 40, seed 0)")
     model, tokenizer = load_pretrained(model_dir)
-    prompt = "def read_lines(path):\n"
-    out = generate(model, tokenizer, prompt, max_new_tokens=48)
+    prompt = "import os\n\n\ndef "
+    out = generate(model, tokenizer, prompt, max_new_tokens=64, do_sample=True, temperature=0.8, top_k=40, seed=0)
     print(prompt + out.text)
     return out.text
 
