@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
-	WANDB_MODE=offline $(PY) -m pytest -q
+	WANDB_MODE=offline $(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	WANDB_MODE=offline $(PY) -m pytest -q -m "not slow"
