@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(VENV)/bin/mypy warpdecode
 	WANDB_MODE=offline $(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
@@ -30,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check warpdecode tests
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy warpdecode/decoding warpdecode/models
+	$(VENV)/bin/mypy warpdecode
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-out

@@ -110,7 +110,7 @@ def methods(*, json_output: bool = False) -> None:
     """
     from warpdecode.decoding import registry
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in registry.KINDS:
         for name in registry.names(kind):
             cls = registry.get(kind, name)
