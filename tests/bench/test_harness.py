@@ -125,3 +125,12 @@ def test_missing_peer_is_skipped_with_a_reason_or_refused(tiny_model_dir, monkey
     config.peers = "transformers"
     with pytest.raises(CapabilityError, match=r"\[hf\] extra"):
         run_bench(config, methods="none", prompts=prompts, progress=False)
+
+
+def test_assisted_peer_uses_the_same_draft_and_length(bench_out):
+    rows = {r["label"]: r for r in json.loads((bench_out / "results.json").read_text())["rows"]}
+    assistant = rows["transformers/draft_model:layers=1:num_tokens=3"]["settings"]["assistant_model"]
+    assert assistant["num_hidden_layers"] == 1 and assistant["num_assistant_tokens"] == 3
+    assert assistant["num_assistant_tokens_schedule"] == "constant"
+    assert rows["transformers/prompt_lookup:num_tokens=4"]["settings"] == {"prompt_lookup_num_tokens": 4,
+                                                                          "max_matching_ngram_size": 3}

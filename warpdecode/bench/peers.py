@@ -82,14 +82,17 @@ def _prompt_lookup(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
 
 
 def _assisted(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
-    """The same draft as `draft_model`: its model directory, or the target's first `layers` blocks.
-    The assistant keeps transformers' own drafting schedule (its generation_config defaults)."""
+    """The same draft as `draft_model`: its model directory, or the target's first `layers` blocks,
+    drafting `num_tokens` per step (constant schedule). Transformers' confidence stop stays at its
+    default (`assistant_confidence_threshold`): it ends a draft early when the assistant is unsure."""
     from warpdecode.models.checkpoint import resolve
 
     if options["layers"] is not None:
         assistant = load_transformers_model(target_dir, num_hidden_layers=options["layers"])
     else:
         assistant = load_transformers_model(resolve(options["model"]))
+    assistant.generation_config.num_assistant_tokens = options["num_tokens"]
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
     return {"assistant_model": assistant}
 
 
