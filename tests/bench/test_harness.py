@@ -55,6 +55,8 @@ def test_results_json_rows_and_numbers(bench_out, tiny_model_dir):
         else:
             assert agg["tau"] is None and agg["time_to_first_token"] is None
     assert all(m["new_tokens"] == len(m["token_ids"]) <= MAX_NEW for m in data["measurements"])
+    assert all(0 < m["draft_seconds"] < m["seconds"] for m in data["measurements"] if m["row"] in METHODS[1:])
+    assert all(m["draft_seconds"] is None for m in data["measurements"] if m["row"] not in METHODS)
 
 
 def test_baseline_speedup_is_exactly_one(bench_out):

@@ -82,6 +82,9 @@ class Measurement:
     accepted: int | None
     """Accepted draft tokens, summed over the verify forwards (bonus tokens not included)."""
     proposed: int | None
+    draft_seconds: float | None
+    """warpdecode: time in the drafter (`DecodeStats.draft_seconds`); the rest of `seconds` is the
+    prefill and the verify forwards."""
     peak_rss_mib: float | None
     """Peak RSS of the process during the call, above the RSS just before it (MiB)."""
     identical: bool | None
@@ -253,14 +256,15 @@ def run_bench(
                                temperature=temperature, top_k=config.top_k, top_p=config.top_p,
                                method=built_methods[row.label])
                 s = out.stats
-                tokens, seconds, ttft = out.token_ids, s.seconds, s.time_to_first_token
+                tokens, seconds, ttft, draft = out.token_ids, s.seconds, s.time_to_first_token, s.draft_seconds
                 forwards, accepted, proposed = s.target_forwards, sum(s.accepted_per_step), sum(s.proposed_per_step)
             else:
                 peer = peer_models[row.label].generate(ids, max_new, do_sample=sampling, seed=seed, temperature=temperature,
                                                        top_k=config.top_k, top_p=config.top_p)
-                tokens, seconds, ttft, forwards, accepted, proposed = peer.token_ids, peer.seconds, None, None, None, None
+                tokens, seconds, ttft, draft = peer.token_ids, peer.seconds, None, None
+                forwards, accepted, proposed = None, None, None
         return Measurement(row.label, "", "", len(ids), len(tokens), seconds, ttft, forwards, accepted, proposed,
-                           peak.mib, None, tokens)
+                           draft, peak.mib, None, tokens)
 
     if config.warmup_tokens:
         for row in rows:

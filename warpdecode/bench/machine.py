@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import platform
@@ -71,12 +72,24 @@ def _status_kib(field: str) -> int:
     return int(match.group(1))
 
 
+def _release_free_heap() -> None:
+    """Return free malloc memory to the OS (glibc `malloc_trim`), so that a block's allocations show
+    as RSS growth whether or not an earlier block left freed pages resident. No-op elsewhere."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakRSS:
     """Peak resident memory of this process during a block, above the resident memory at its start.
 
     Linux keeps the high-water mark (`VmHWM`) of the resident set; writing 5 to
     `/proc/self/clear_refs` resets it to the current RSS, so every measured block starts from its own
-    baseline. `mib` is None where that is not possible (not Linux, or the file is not writable).
+    baseline. Free heap memory is first returned to the OS: without that, a block that reuses pages
+    freed by the previous one shows almost no growth (measured: 3 MiB instead of 60 MiB for
+    transformers after a warpdecode generation). `mib` is None where the high-water mark cannot be
+    reset (not Linux, or the file is not writable).
 
         with PeakRSS() as peak:
             generate(...)
@@ -88,6 +101,7 @@ class PeakRSS:
         self._start_kib: int | None = None
 
     def __enter__(self) -> Self:
+        _release_free_heap()
         try:
             _CLEAR_REFS.write_text("5")
             self._start_kib = _status_kib("VmRSS")
