@@ -8,23 +8,7 @@ import pytest
 import torch
 
 from warpdecode.cli import main
-from warpdecode.models.checkpoint import load_pretrained, save_pretrained
-from warpdecode.models.config import ModelConfig
-from warpdecode.models.tokenizer import train_bpe
-from warpdecode.models.transformer import Transformer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    tokenizer = train_bpe(["print('hello world')\n", "for i in range(10):\n    pass\n"] * 20, vocab_size=300)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64, max_seq_len=48,
-                         eos_token_ids=[tokenizer.eos_token_id])
-    torch.manual_seed(0)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    directory = tmp_path_factory.mktemp("tiny")
-    save_pretrained(model, tokenizer, directory)
-    return directory
+from warpdecode.models.checkpoint import load_pretrained
 
 
 def run(argv, capsys):
@@ -34,24 +18,24 @@ def run(argv, capsys):
     return exit_info.value.code, captured.out, captured.err
 
 
-def test_generate_json(model_dir, capsys):
-    main(["generate", "--model", str(model_dir), "--prompt", "print(", "--max-new-tokens", "6", "--json"])
+def test_generate_json(tiny_model_dir, capsys):
+    main(["generate", "--model", str(tiny_model_dir), "--prompt", "print(", "--max-new-tokens", "6", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["new_tokens"] == len(out["token_ids"]) <= 6
-    _model, tokenizer = load_pretrained(model_dir)
+    _model, tokenizer = load_pretrained(tiny_model_dir)
     assert out["text"] == tokenizer.decode(out["token_ids"])
     assert set(out["stats"]) >= {"new_tokens", "target_forwards", "seconds", "tokens_per_second"}
 
 
-def test_generate_streams_text(model_dir, capsys):
-    main(["generate", "--model", str(model_dir), "--prompt", "for i", "--max_new_tokens", "5", "--json", "false"])
+def test_generate_streams_text(tiny_model_dir, capsys):
+    main(["generate", "--model", str(tiny_model_dir), "--prompt", "for i", "--max_new_tokens", "5", "--json", "false"])
     captured = capsys.readouterr()
     assert "tok/s" in captured.err and captured.out.endswith("\n")
 
 
-def test_convert_hf_directory_roundtrip(model_dir, tmp_path, capsys):
-    main(["convert", str(model_dir), str(tmp_path / "out")])
-    a, _ = load_pretrained(model_dir)
+def test_convert_hf_directory_roundtrip(tiny_model_dir, tmp_path, capsys):
+    main(["convert", str(tiny_model_dir), str(tmp_path / "out")])
+    a, _ = load_pretrained(tiny_model_dir)
     b, _ = load_pretrained(tmp_path / "out")
     tokens = torch.tensor([[1, 2, 3, 4]])
     assert torch.equal(a(tokens).logits, b(tokens).logits)
@@ -67,24 +51,24 @@ def test_convert_hf_directory_roundtrip(model_dir, tmp_path, capsys):
         (["convert", "/nonexistent/ckpt", "/tmp/out"], "not a model directory"),
     ],
 )
-def test_bad_input_is_one_line_error(argv, message, model_dir, capsys):
+def test_bad_input_is_one_line_error(argv, message, tiny_model_dir, capsys):
     if argv[0] == "generate" and "--model" not in argv:
-        argv = argv[:1] + ["--model", str(model_dir)] + argv[1:]
+        argv = argv[:1] + ["--model", str(tiny_model_dir)] + argv[1:]
     code, _, err = run(argv, capsys)
     assert code == 2
     assert message in err and "Traceback" not in err
     assert err.strip().startswith("error:") and len(err.strip().splitlines()) == 1
 
 
-def test_prompt_longer_than_context(model_dir, capsys):
-    code, _, err = run(["generate", "--model", str(model_dir), "--prompt", "hello world " * 60], capsys)
-    assert code == 2 and "context is 48 tokens" in err
+def test_prompt_longer_than_context(tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "hello world " * 300], capsys)
+    assert code == 2 and "context is 256 tokens" in err
 
 
-def test_corrupt_checkpoint(model_dir, tmp_path, capsys):
+def test_corrupt_checkpoint(tiny_model_dir, tmp_path, capsys):
     broken = tmp_path / "broken"
     broken.mkdir()
-    for f in model_dir.iterdir():
+    for f in tiny_model_dir.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
@@ -109,8 +93,8 @@ def test_methods_lists_registry_with_flags(capsys):
     assert {("drafter", "none"), ("drafter", "draft_model"), ("controller", "fixed")} <= set(by_name)
 
 
-def test_generate_with_method_matches_plain_greedy(model_dir, capsys):
-    base = ["generate", "--model", str(model_dir), "--prompt", "for i in range(10): for i in", "--chat", "false",
+def test_generate_with_method_matches_plain_greedy(tiny_model_dir, capsys):
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "for i in range(10): for i in", "--chat", "false",
             "--max-new-tokens", "12", "--json"]
     main(base)
     plain = json.loads(capsys.readouterr().out)
@@ -128,6 +112,6 @@ def test_generate_with_method_matches_plain_greedy(model_dir, capsys):
      (["--method", "draft_model", "--method-options", '{"layer": 1}'], "no option(s) ['layer']"),
      (["--verifier", "speculative_sampling"], "needs sampling")],
 )
-def test_bad_method_is_one_line_error(extra, message, model_dir, capsys):
-    code, _, err = run(["generate", "--model", str(model_dir), "--prompt", "x", *extra], capsys)
+def test_bad_method_is_one_line_error(extra, message, tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", *extra], capsys)
     assert code == 2 and message in err and "Traceback" not in err
