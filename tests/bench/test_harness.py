@@ -2,13 +2,14 @@
 
 import json
 import struct
+from dataclasses import asdict
 
 import pytest
 import yaml
 
 from warpdecode.bench.harness import BenchConfig, run_bench
 from warpdecode.bench.prompts import BenchPrompt, load_prompts
-from warpdecode.bench.report import markdown
+from warpdecode.bench.report import load, markdown
 from warpdecode.cli import main
 from warpdecode.decoding.generate import encode_prompt
 from warpdecode.models.checkpoint import load_pretrained
@@ -63,7 +64,8 @@ def test_baseline_speedup_is_exactly_one(bench_out):
     data = json.loads((bench_out / "results.json").read_text())
     baseline = [a for a in data["aggregates"] if a["row"] == "none"]
     assert len(baseline) == len(data["categories"]) + 1
-    assert all(a["speedup"] == 1.0 and a["tau"] == 1.0 and a["acceptance_rate"] is None for a in baseline)
+    assert all(a["speedup"] == a["median_speedup"] == 1.0 for a in baseline)
+    assert all(a["tau"] == 1.0 and a["acceptance_rate"] is None for a in baseline)
     peers = [a for a in data["aggregates"] if a["row"] == "transformers"]
     assert all(a["speedup_vs_transformers"] == 1.0 for a in peers)
     assert all(a["speedup_vs_transformers"] is None for a in data["aggregates"] if a["row"] in METHODS)
@@ -72,15 +74,28 @@ def test_baseline_speedup_is_exactly_one(bench_out):
 def test_results_markdown_table(bench_out):
     text = (bench_out / "results.md").read_text()
     lines = text.splitlines()
-    header = "| method | tok/s | speedup | τ | τ w/o bonus | α | TTFT ms | peak MiB | identical | vs transformers |"
+    header = ("| method | tok/s | speedup | median speedup | τ | τ w/o bonus | α | TTFT ms | peak MiB | identical "
+              "| vs transformers |")
     assert lines.count(header) == 1
     rows = {line.split(" | ")[0]: line.split(" | ") for line in lines[lines.index(header) + 2:] if line.startswith("| `")}
     assert list(rows) == [f"| `{label}`" for label in METHODS + PEERS]
-    assert rows["| `none`"][2] == "1.00x" and rows["| `none`"][5] == "–"
-    assert all(rows[f"| `{label}`"][8] == "yes" for label in METHODS)
+    assert rows["| `none`"][2:5] == ["1.00x", "1.00x", "1.00"] and rows["| `none`"][6] == "–"
+    assert all(rows[f"| `{label}`"][9] == "yes" for label in METHODS)
     assert rows["| `transformers`"][-1] == "1.00x |"
     assert "--methods none,prompt_lookup:num_tokens=4,draft_model:layers=1:num_tokens=3" in text
     assert "| **all** | 10 |" in text and "prompt(s) skipped" in text
+
+
+def test_median_speedup_and_report_reload(bench_out):
+    data = json.loads((bench_out / "results.json").read_text())
+    rate = {(m["row"], m["prompt_id"]): m["new_tokens"] / m["seconds"] for m in data["measurements"]}
+    prompts = [m["prompt_id"] for m in data["measurements"] if m["row"] == "none"]
+    for agg in (a for a in data["aggregates"] if a["category"] == "all"):
+        ratios = sorted(rate[agg["row"], p] / rate["none", p] for p in prompts)
+        assert agg["median_speedup"] == pytest.approx((ratios[4] + ratios[5]) / 2)  # 10 prompts
+    reloaded = load(bench_out / "results.json")
+    assert [asdict(a) for a in reloaded.aggregates] == data["aggregates"]
+    assert markdown(reloaded, bench_out) == (bench_out / "results.md").read_text()
 
 
 def test_plot_is_a_png(bench_out):

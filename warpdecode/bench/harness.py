@@ -8,6 +8,7 @@ temperature 0 every row's tokens are compared with it.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -105,6 +106,9 @@ class Aggregate:
     """Total new tokens / total seconds over the prompts."""
     speedup: float
     """`tokens_per_second` / that of `none` over the same prompts."""
+    median_speedup: float
+    """Median over the prompts of the per-prompt ratio of tokens/s to `none`'s: unlike `speedup`, a
+    burst of machine noise during a few generations barely moves it."""
     speedup_vs_transformers: float | None
     """Transformers modes only: `tokens_per_second` / that of transformers greedy."""
     tau: float | None
@@ -147,11 +151,17 @@ class BenchResult:
         return asdict(self) | {"command": self.config.command()}
 
 
-def _aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categories: list[str],
-               sampling: bool) -> list[Aggregate]:
+def _rate(m: Measurement) -> float:
+    return m.new_tokens / m.seconds if m.seconds > 0 else 0.0
+
+
+def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categories: list[str],
+              sampling: bool) -> list[Aggregate]:
+    """Aggregates of every row per category and over all prompts (definitions: docs/metrics.md)."""
     out = []
     for category in categories + [ALL]:
         chosen = [m for m in measurements if category in (ALL, m.category)]
+        baseline = {m.prompt_id: _rate(m) for m in chosen if m.row == BASELINE}
         rate: dict[str, float] = {}
         for row in result_rows:
             ms = [m for m in chosen if m.row == row.label]
@@ -169,6 +179,8 @@ def _aggregate(result_rows: list[RowInfo], measurements: list[Measurement], cate
                 row=row.label, category=category, prompts=len(ms), new_tokens=sum(m.new_tokens for m in ms),
                 seconds=sum(m.seconds for m in ms), tokens_per_second=rate[row.label],
                 speedup=rate[row.label] / rate[BASELINE] if rate[BASELINE] else 0.0,
+                median_speedup=statistics.median(_rate(m) / baseline[m.prompt_id] if baseline[m.prompt_id] else 0.0
+                                                 for m in ms) if ms else 0.0,
                 speedup_vs_transformers=rate[row.label] / greedy_peer if greedy_peer and not ours else None,
                 tau=(accepted + steps) / steps if ours and steps else None,
                 tau_without_bonus=accepted / steps if ours and steps else None,
@@ -286,7 +298,7 @@ def run_bench(
     categories = list(dict.fromkeys(p.category for p, _ in encoded))
     return BenchResult(
         config=config, machine=machine | {"load_average_end": load_average()}, rows=rows, measurements=measurements,
-        aggregates=_aggregate(rows, measurements, categories, sampling), categories=categories,
+        aggregates=aggregate(rows, measurements, categories, sampling), categories=categories,
         skipped_too_long=[p.id for p, _ in too_long], skipped_rows=skipped_rows,
         wall_seconds=time.perf_counter() - start,
     )

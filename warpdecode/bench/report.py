@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from warpdecode.bench.harness import ALL, Aggregate, BenchResult
+from warpdecode.bench.harness import ALL, Aggregate, BenchConfig, BenchResult, Measurement, RowInfo, aggregate
 
 NA = "–"
-COLUMNS = ("method", "tok/s", "speedup", "τ", "τ w/o bonus", "α", "TTFT ms", "peak MiB", "identical",
+COLUMNS = ("method", "tok/s", "speedup", "median speedup", "τ", "τ w/o bonus", "α", "TTFT ms", "peak MiB", "identical",
            "vs transformers")
 
 
@@ -32,7 +32,8 @@ def overall_table(result: BenchResult, category: str = ALL) -> str:
     for row in result.rows:
         a = result.aggregate(row.label, category)
         ttft = None if a.time_to_first_token is None else a.time_to_first_token * 1000
-        cells = [f"`{row.label}`", _num(a.tokens_per_second, ".1f"), _num(a.speedup, ".2f", "x"), _num(a.tau, ".2f"),
+        cells = [f"`{row.label}`", _num(a.tokens_per_second, ".1f"), _num(a.speedup, ".2f", "x"),
+                 _num(a.median_speedup, ".2f", "x"), _num(a.tau, ".2f"),
                  _num(a.tau_without_bonus, ".2f"), _num(a.acceptance_rate, ".2f"), _num(ttft, ".0f"),
                  _num(a.peak_rss_mib, ".0f"), identical_cell(a), _num(a.speedup_vs_transformers, ".2f", "x")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -78,6 +79,7 @@ wall time {result.wall_seconds:.0f} s.{skipped}{rows_skipped}
 ## All prompts
 
 Tokens/s = total new tokens / total seconds; speedup = that over `none`'s in this run (interleaved);
+median speedup = median over prompts of the per-prompt ratio (robust to a burst of machine noise);
 τ, α summed over all verify forwards; TTFT = mean time to first token; peak MiB = largest RSS rise
 during one generation; identical = output equals `none`'s token for token (n/a when sampling);
 vs transformers = speedup over transformers' own greedy `generate()` in this run. Definitions:
@@ -128,3 +130,32 @@ def write(result: BenchResult, out: Path) -> dict[str, Path]:
     paths["markdown"].write_text(markdown(result, out))
     plot(result, paths["plot"])
     return paths
+
+
+def load(path: Path) -> BenchResult:
+    """A `BenchResult` from a results.json, with the aggregates recomputed from its measurements."""
+    data = json.loads(Path(path).read_text())
+    config = BenchConfig(**data["config"])
+    rows = [RowInfo(**r) for r in data["rows"]]
+    measurements = [Measurement(**m) for m in data["measurements"]]
+    return BenchResult(
+        config=config, machine=data["machine"], rows=rows, measurements=measurements,
+        aggregates=aggregate(rows, measurements, data["categories"], config.temperature > 0),
+        categories=data["categories"], skipped_too_long=data["skipped_too_long"], skipped_rows=data["skipped_rows"],
+        wall_seconds=data["wall_seconds"],
+    )
+
+
+def main() -> None:
+    """`python -m warpdecode.bench.report DIR`: rewrite DIR's results.md and plot from its results.json."""
+    import sys
+
+    for directory in map(Path, sys.argv[1:]):
+        result = load(directory / "results.json")
+        (directory / "results.md").write_text(markdown(result, directory))
+        plot(result, directory / "speedup.png")
+        print(result.table())
+
+
+if __name__ == "__main__":
+    main()
