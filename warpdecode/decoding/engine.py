@@ -48,6 +48,7 @@ def run(
     cache = KVCache.for_model(target.config, 1, min(target.config.max_seq_len, len(prompt_ids) + max_new_tokens + headroom),
                               dtype=target.embed.weight.dtype, device=device)
     hidden_layers = method.drafter.needs_hidden_states
+    target.pack_for_cpu_inference()
     stats = DecodeStats(prompt_tokens=len(prompt_ids))
     start = time.perf_counter()
     out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
+from warpdecode.models.packed_linear import FusedLinear, Linear, PackedWeight, linear
 
 
 @dataclass
@@ -36,9 +38,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalise in fp32 like the reference implementations, then cast back.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -92,16 +92,25 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_head_count, config.head_width
-        self.q_proj = nn.Linear(config.d_model, self.n_head * self.head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.d_model, bias=config.out_bias)
+        self.q_proj = Linear(config.d_model, self.n_head * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = Linear(config.d_model, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = Linear(self.n_head * self.head_dim, config.d_model, bias=config.out_bias)
+        self.qkv = FusedLinear((self.q_proj, self.k_proj, self.v_proj))
+
+    def pack(self) -> int:
+        return self.qkv.pack() + self.o_proj.pack()
+
+    def unpack(self) -> None:
+        self.qkv.unpack()
+        self.o_proj.unpack()
 
     def forward(self, x: Tensor, ctx: LayerContext, layer: int) -> Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k, v = self.qkv(x)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         if ctx.rope is not None:
             cos, sin = ctx.rope  # (B, 1, T, D) each
             q = q * cos + rotate_half(q) * sin
@@ -120,13 +129,22 @@ class MLP(nn.Module):
         super().__init__()
         self.gated = config.mlp == "swiglu"
         if self.gated:
-            self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+            self.gate_proj = Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.up_proj = Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.down_proj = Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        self.gate_up = FusedLinear((self.gate_proj, self.up_proj) if self.gated else (self.up_proj,))
+
+    def pack(self) -> int:
+        return self.gate_up.pack() + self.down_proj.pack()
+
+    def unpack(self) -> None:
+        self.gate_up.unpack()
+        self.down_proj.unpack()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gated:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            gate, up = self.gate_up(x)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
 
@@ -138,6 +156,13 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
 
+    def pack(self) -> int:
+        return self.attn.pack() + self.mlp.pack()
+
+    def unpack(self) -> None:
+        self.attn.unpack()
+        self.mlp.unpack()
+
     def forward(self, x: Tensor, ctx: LayerContext, layer: int) -> Tensor:
         x = x + self.attn(self.attn_norm(x), ctx, layer)
         return x + self.mlp(self.mlp_norm(x))
@@ -145,6 +170,7 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
+    _head_packed: PackedWeight | None = None  # packed tied LM head, see `pack_for_cpu_inference`
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -153,7 +179,7 @@ class Transformer(nn.Module):
         self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = make_norm(config)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
         if config.position == "rope":
             self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
@@ -169,6 +195,29 @@ class Transformer(nn.Module):
 
     def output_embeddings(self) -> Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def pack_for_cpu_inference(self) -> int:
+        """Give every linear layer and the LM head a oneDNN-packed weight copy (see
+        `packed_linear`; q/k/v and gate/up are stacked into one matrix each); the number of packed
+        matrices, 0 off CPU or outside fp32. Idempotent:
+        only missing or stale copies are made. Training and autograd keep using the dense weights."""
+        count = sum(cast(Block, block).pack() for block in self.blocks)
+        if self.lm_head is not None:
+            count += self.lm_head.pack()
+        else:
+            head = self.embed.weight
+            if self._head_packed is None or not self._head_packed.fresh_for((head,)):
+                self._head_packed = PackedWeight.of((head,))
+            count += self._head_packed is not None
+        return count
+
+    def unpack(self) -> None:
+        """Drop the packed copies (frees their memory); forwards use the dense weights again."""
+        for block in self.blocks:
+            cast(Block, block).unpack()
+        if self.lm_head is not None:
+            self.lm_head.unpack()
+        self._head_packed = None
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         freqs = positions[:, :, None].float() * self.inv_freq  # (B, T, D/2)
@@ -275,5 +324,8 @@ class Transformer(nn.Module):
             cache.advance(plan)
         if logits_slice is not None:
             x = x[:, logits_slice]
-        logits = F.linear(x, self.output_embeddings())  # (B, T', V)
+        if self.lm_head is not None:
+            logits = self.lm_head(x)  # (B, T', V)
+        else:
+            logits = linear(x, self.embed.weight, self._head_packed)  # (B, T', V)
         return BackboneOutput(logits=logits, hidden_states=hidden)

@@ -30,6 +30,7 @@ def first_layers(target: Transformer, layers: int) -> Transformer:
         view = Transformer(dataclasses.replace(target.config, n_layer=layers))
     view.embed, view.pos_embed, view.norm, view.lm_head = target.embed, target.pos_embed, target.norm, target.lm_head
     view.blocks = nn.ModuleList(target.blocks[:layers])
+    view._head_packed = target._head_packed
     if target.config.position == "rope":
         view.inv_freq = target.inv_freq
     return view.eval()
@@ -64,6 +65,7 @@ class DraftModel:
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "
                               f"{target.config.vocab_size}: draft and target must share a tokenizer")
+        self.draft.pack_for_cpu_inference()
         self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len,
                                        dtype=target.embed.weight.dtype, device=target.embed.weight.device)
 
