@@ -33,6 +33,13 @@ def test_limit_is_per_category():
     assert [p.id for p in prompts[:3]] == ["spec_bench/81", "spec_bench/82", "spec_bench/91"]
 
 
+def test_categories_select_and_unknown_ones_are_named():
+    prompts = load_prompts("spec_bench", categories="summarization, rag", limit=3)
+    assert [p.category for p in prompts] == ["summarization"] * 3 + ["rag"] * 3
+    with pytest.raises(ConfigError, match="unknown category rags.*summarization"):
+        load_prompts("spec_bench", categories="rags")
+
+
 def test_humaneval_is_raw_completion():
     prompts = load_prompts("humaneval")
     assert len(prompts) == 164 and {p.category for p in prompts} == {"humaneval"}

@@ -38,6 +38,7 @@ class BenchConfig:
     methods: list[str] = field(default_factory=lambda: [BASELINE])
     """Canonical method specs, baseline first (see `warpdecode.bench.specs`)."""
     prompts: str = "spec_bench"
+    categories: str | None = None
     limit: int | None = None
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -52,7 +53,7 @@ class BenchConfig:
         """The `warpdecode bench` command line that repeats this run."""
         parts = ["warpdecode bench", f"--model {self.model}", f"--methods {','.join(self.methods)}",
                  f"--prompts {self.prompts}", f"--max-new-tokens {self.max_new_tokens}"]
-        optional = {"limit": self.limit, "temperature": self.temperature or None, "top-k": self.top_k,
+        optional = {"categories": self.categories, "limit": self.limit, "temperature": self.temperature or None, "top-k": self.top_k,
                     "top-p": self.top_p, "threads": self.threads, "peers": None if self.peers == "auto" else self.peers}
         parts += [f"--{k} {v}" for k, v in optional.items() if v is not None]
         return " ".join(parts + ([f"--out {out}"] if out is not None else []))
@@ -239,7 +240,7 @@ def run_bench(
     if config.temperature < 0 or config.max_new_tokens < 1 or config.warmup_tokens < 0:
         raise ConfigError(f"need --temperature >= 0, --max-new-tokens >= 1, --warmup-tokens >= 0; got "
                           f"{config.temperature}, {config.max_new_tokens}, {config.warmup_tokens}")
-    chosen = prompts if prompts is not None else load_prompts(config.prompts, limit=config.limit)
+    chosen = prompts if prompts is not None else load_prompts(config.prompts, limit=config.limit, categories=config.categories)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()

@@ -70,19 +70,28 @@ def dataset_file(relative: str) -> Path:
     return path
 
 
-def load_prompts(spec: str, *, limit: int | None = None) -> list[BenchPrompt]:
-    """Prompts of one or more comma-separated sets, at most `limit` per category (file order kept)."""
+def load_prompts(spec: str, *, limit: int | None = None, categories: str | None = None) -> list[BenchPrompt]:
+    """Prompts of one or more comma-separated sets, at most `limit` per category (file order kept),
+    only of the comma-separated `categories` when given."""
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
+    wanted = None if categories is None else {c.strip() for c in categories.split(",") if c.strip()}
     out: list[BenchPrompt] = []
+    seen: set[str] = set()
     for name in (part.strip() for part in spec.split(",")):
         if name not in _SETS:
             raise ConfigError(f"unknown prompt set {name!r}; choose from: {', '.join(names())}")
         taken: dict[str, int] = {}
         for prompt in _SETS[name]():
+            seen.add(prompt.category)
+            if wanted is not None and prompt.category not in wanted:
+                continue
             if limit is None or taken.get(prompt.category, 0) < limit:
                 taken[prompt.category] = taken.get(prompt.category, 0) + 1
                 out.append(prompt)
+    if wanted is not None and wanted - seen:
+        raise ConfigError(f"unknown categor{'y' if len(wanted - seen) == 1 else 'ies'} {', '.join(sorted(wanted - seen))} "
+                          f"in {spec}; choose from: {', '.join(sorted(seen))}")
     return out
 
 
