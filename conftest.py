@@ -21,3 +21,11 @@ class RealModel:
 @pytest.fixture(scope="session")
 def smollm2() -> RealModel:
     return RealModel()
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2: RealModel) -> torch.nn.Module:
+    """The same checkpoint loaded by Hugging Face transformers (skips where it is not installed)."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2.directory), dtype=torch.float32)
+    return model.eval()

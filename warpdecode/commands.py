@@ -34,6 +34,11 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
     seed: int | None = None,
     chat: bool | None = None,
     method: str = "none",
@@ -52,6 +57,11 @@ def generate(
         temperature: 0 for greedy decoding; > 0 samples at this temperature.
         top_k: sample only among the k most likely tokens.
         top_p: nucleus sampling mass in (0, 1].
+        min_p: keep tokens with at least this fraction of the top token's probability.
+        typical_p: locally typical sampling mass in (0, 1].
+        repetition_penalty: > 1 discourages tokens already in the prompt or output (1: off); also greedy.
+        frequency_penalty: subtracted from a generated token's logit per occurrence; also greedy.
+        presence_penalty: subtracted from the logit of every token generated so far; also greedy.
         seed: random seed for sampling.
         chat: wrap the prompt in the model's chat template (default: when the model has one).
         method: decoding method (a drafter from `warpdecode methods`); none = plain decoding.
@@ -87,6 +97,11 @@ def generate(
         temperature=temperature if temperature > 0 else 1.0,
         top_k=top_k,
         top_p=top_p,
+        min_p=min_p,
+        typical_p=typical_p,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
         seed=seed,
         chat=chat,
         method=built,
@@ -140,6 +155,7 @@ def bench(
     model: str = DEFAULT_MODEL,
     methods: str | list[str | dict[str, Any]] = "none,prompt_lookup",
     prompts: str = "spec_bench",
+    categories: str | None = None,
     limit: int | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
@@ -165,6 +181,7 @@ def bench(
             true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY: VALUE} mappings.
         prompts: prompt set(s), comma-separated: spec_bench, humaneval, stdlib_code (read from
             $WARPDECODE_DATASETS, default <repo>/../shared/datasets).
+        categories: only these comma-separated categories of the sets, e.g. summarization,rag.
         limit: at most this many prompts per category (default: the whole set).
         max_new_tokens: largest number of tokens generated per prompt.
         temperature: 0 for greedy decoding (output compared with plain greedy); > 0 samples.
@@ -179,7 +196,7 @@ def bench(
     from warpdecode.bench.harness import BenchConfig, run_bench
     from warpdecode.bench.report import write
 
-    config = BenchConfig(model=model, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens,
+    config = BenchConfig(model=model, prompts=prompts, categories=categories, limit=limit, max_new_tokens=max_new_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, peers=peers, threads=threads,
                          warmup_tokens=warmup_tokens)
     result = run_bench(config, methods=methods)

@@ -14,6 +14,11 @@ def test_depths_children_and_depth():
     assert TREE.depth == 3 and DraftTree.empty().depth == 0
 
 
+def test_path_tokens_run_from_depth_one_to_the_node():
+    assert TREE.path_tokens() == [(10,), (11,), (10, 12), (11, 13), (11, 13, 14)]
+    assert DraftTree.empty().path_tokens() == []
+
+
 def test_verify_inputs_positions_and_ancestor_mask():
     tokens, positions, mask = TREE.verify_inputs(pending=7, start=20)
     assert tokens.tolist() == [[7, 10, 11, 12, 13, 14]]

@@ -15,11 +15,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hf_model(smollm2):
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2.directory), dtype=torch.float32)
-    return model.eval()
+@pytest.fixture
+def hf_model(smollm2_transformers):
+    return smollm2_transformers
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
+from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.cache import KVCache
@@ -53,7 +54,8 @@ def run(
     start = time.perf_counter()
     out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,
                  logits_slice=slice(-1, None))
-    pending = int(sampler.select(out.logits[:, -1])[0])
+    logits = sampler.penalize(out.logits[:, -1], TokenHistory.single(prompt_ids, len(prompt_ids)))  # (1, V)
+    pending = int(sampler.select(logits)[0])
     stats.time_to_first_token = time.perf_counter() - start
     new = [pending]
     state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
@@ -77,7 +79,11 @@ def run(
         tokens, positions, mask = tree.verify_inputs(pending, int(tree_start[0]))
         out = target(tokens.to(device), positions.to(device), cache, None if tree.size == 0 else mask,
                      hidden_layers=hidden_layers)
-        result = method.verifier.accept(tree, out.logits[0], sampler)
+        logits = out.logits[0]  # (N+1, V): after the pending token, then after each node
+        if sampler.penalties:
+            history = TokenHistory(torch.tensor(state.tokens), len(prompt_ids), ((),) + tuple(tree.path_tokens()))
+            logits = sampler.penalize(logits, history)
+        result = method.verifier.accept(tree, logits, sampler)
         kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
         cache.commit(tree_start, torch.tensor([kept]), torch.tensor([len(kept)]))
         state.hidden_states = {k: v[0, kept] for k, v in out.hidden_states.items()}

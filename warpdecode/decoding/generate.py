@@ -67,6 +67,11 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
     seed: int | None = None,
     chat: bool | None = None,
     stop_at_eos: bool = True,
@@ -75,14 +80,18 @@ def generate(
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
-    Keyword names follow Hugging Face `generate()`. Greedy unless `do_sample`. `method` is a
+    Keyword names follow Hugging Face `generate()` (`frequency_penalty` / `presence_penalty`: the
+    OpenAI / vLLM ones); see `SamplingConfig` for each. Greedy unless `do_sample`; penalties apply
+    to greedy decoding too, the other filters only when sampling. `method` is a
     registered drafter name (`warpdecode methods`) or a built `Method`. `streamer` receives text
     increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
     output text is empty.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    sampler = Sampler(SamplingConfig(do_sample, temperature, top_k, top_p, seed), device=model.embed.weight.device)
+    config = SamplingConfig(do_sample, temperature, top_k, top_p, seed, min_p, typical_p, repetition_penalty,
+                            frequency_penalty, presence_penalty)
+    sampler = Sampler(config, device=model.embed.weight.device)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ConfigError("a text prompt needs a tokenizer")

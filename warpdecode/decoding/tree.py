@@ -69,6 +69,17 @@ class DraftTree:
             out.setdefault(parent, []).append(child)
         return out
 
+    def path_tokens(self) -> list[tuple[int, ...]]:
+        """Each node's tokens from depth 1 down to the node itself (N entries).
+
+        Example (the tree above): [(the,), (a,), (the, cat), (a, dog), (a, dog, ran)].
+        """
+        tokens = self.tokens.tolist()
+        paths: list[tuple[int, ...]] = []
+        for i, p in enumerate(self.parents.tolist()):
+            paths.append((paths[p] if p >= 0 else ()) + (tokens[i],))
+        return paths
+
     def verify_inputs(self, pending: int, start: int) -> tuple[Tensor, Tensor, Tensor]:
         """Tokens, positions and tree mask of the verify forward over `[pending] + tree`.
 

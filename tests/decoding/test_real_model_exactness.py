@@ -1,0 +1,55 @@
+"""The exactness suite on the real default model: every drafter, verified losslessly at temperature 0,
+emits exactly what plain greedy decoding emits; penalties match Hugging Face `generate()`."""
+
+import pytest
+import torch
+
+from warpdecode.decoding import registry
+from warpdecode.decoding.generate import build_method, encode_prompt, generate
+
+pytestmark = pytest.mark.slow
+
+REAL_OPTIONS = {"draft_model": {"layers": 10, "num_tokens": 4}}
+PROMPTS = [
+    (
+        "Summarize in one sentence: The city council met on Tuesday to discuss the new bicycle lanes. "
+        "Residents said the bicycle lanes make the streets safer, while shop owners worried that the "
+        "bicycle lanes remove parking spaces in front of their shops."
+    ),
+    "Write a Python function that returns the squares of the even numbers in a list.",
+    "What is the difference between a process and a thread?",
+]
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(smollm2):
+    return {p: generate(smollm2.model, smollm2.tokenizer, p, max_new_tokens=NEW_TOKENS, stop_at_eos=False).token_ids
+            for p in PROMPTS}
+
+
+@pytest.mark.parametrize("name", [n for n in registry.names("drafter") if n != "none"])
+def test_lossless_drafters_are_token_identical_to_greedy(smollm2, greedy_reference, name):
+    method = build_method(name, options=REAL_OPTIONS.get(name, {}))
+    assert method.verifier.lossless
+    for prompt in PROMPTS:
+        out = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
+                       method=method)
+        assert out.token_ids == greedy_reference[prompt], f"{name} diverged on {prompt[:40]!r}"
+
+
+def test_prompt_lookup_accepts_drafts_on_input_grounded_text(smollm2):
+    out = generate(smollm2.model, smollm2.tokenizer, PROMPTS[0], max_new_tokens=NEW_TOKENS,
+                   method=build_method("prompt_lookup"))
+    assert out.stats.tau > 1.2
+
+
+def test_repetition_penalty_matches_transformers_greedy(smollm2, smollm2_transformers):
+    ids = encode_prompt(smollm2.tokenizer, PROMPTS[0], chat=True)
+    with torch.inference_mode():
+        ref = smollm2_transformers.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                            repetition_penalty=1.3, pad_token_id=0)[0, len(ids):].tolist()
+    for method in ("none", "prompt_lookup"):
+        ours = generate(smollm2.model, smollm2.tokenizer, ids, max_new_tokens=NEW_TOKENS, repetition_penalty=1.3,
+                        method=method)
+        assert ours.token_ids == ref[: len(ours.token_ids)], method
