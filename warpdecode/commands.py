@@ -45,6 +45,8 @@ def generate(
     method_options: dict[str, Any] | None = None,
     verifier: str | None = None,
     verifier_options: dict[str, Any] | None = None,
+    controller: str = "fixed",
+    controller_options: dict[str, Any] | None = None,
     json_output: bool = False,
     threads: int | None = None,
 ) -> None:
@@ -68,6 +70,8 @@ def generate(
         method_options: the drafter's options as JSON, e.g. '{"layers": 10}' for draft_model.
         verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
         verifier_options: the verifier's options as JSON.
+        controller: draft budget per step: fixed, or adaptive (grows while drafts are accepted).
+        controller_options: the controller's options as JSON, e.g. '{"initial": 4}'.
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
     """
@@ -81,7 +85,8 @@ def generate(
     if threads is not None:
         torch.set_num_threads(threads)
     built = build_method(method, do_sample=temperature > 0, verifier=verifier, options=method_options,
-                         verifier_options=verifier_options)
+                         verifier_options=verifier_options, controller=controller,
+                         controller_options=controller_options)
     target, tokenizer = load_pretrained(model)
 
     def stream(text: str) -> None:

@@ -27,6 +27,15 @@ def test_parse_methods_keeps_one_listed_baseline_and_order():
     assert specs[2].options == {"model": "models/d"}
 
 
+def test_controller_and_verifier_keys_pick_components():
+    spec = parse_methods("prompt_lookup:num_tokens=6:controller=adaptive")[1]
+    assert spec.label == "prompt_lookup:num_tokens=6:controller=adaptive"
+    method = spec.build(do_sample=False)
+    assert type(method.controller).__name__ == "AdaptiveLength" and method.drafter.num_tokens == 6
+    assert type(parse_methods("prompt_lookup:verifier=typical")[1].build(do_sample=False).verifier).__name__ == (
+        "TypicalAcceptance")
+
+
 def test_parse_method_strips_spaces():
     assert parse_method(" draft_model : layers = 3 ") == MethodSpec("draft_model", {"layers": 3})
 
@@ -45,6 +54,8 @@ def test_parse_method_strips_spaces():
         ("prompt_lookup:num_tokens=0", "num_tokens >= 1"),
         ("draft_model", "exactly one of model="),
         ([{"layers": 1}], "needs a 'name'"),
+        ("prompt_lookup:controller=psychic", "unknown controller 'psychic'"),
+        ("prompt_lookup:controller=3", "controller must be a name"),
     ],
 )
 def test_bad_specs_raise_config_error(value, message):

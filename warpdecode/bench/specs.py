@@ -4,6 +4,7 @@
     prompt_lookup                            a drafter with its default options
     draft_model:layers=10:num_tokens=4       options are the drafter's constructor arguments
     prompt_lookup:num_tokens=4,none          several methods: separate them with commas
+    prompt_lookup:controller=adaptive        `controller=` / `verifier=` pick those components
 
 Values are read as int, float, `true`/`false`, `null`, or else kept as text (`model=models/draft`).
 In a YAML/JSON config a method may also be a mapping: `{name: draft_model, layers: 10}`.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method
@@ -22,6 +23,9 @@ from warpdecode.decoding.generate import build_method
 from warpdecode.errors import ConfigError
 
 BASELINE = "none"
+COMPONENT_KEYS = ("controller", "verifier")
+"""Spec keys that name the method's controller or verifier (with default options) instead of
+setting a drafter option: `prompt_lookup:controller=adaptive`."""
 SYNTAX = "NAME[:KEY=VALUE...] separated by commas, e.g. prompt_lookup,draft_model:layers=10:num_tokens=4"
 
 OptionValue = int | float | bool | str | None
@@ -60,12 +64,24 @@ class MethodSpec:
         """The canonical spec text, which names the method's row in every report."""
         return ":".join([self.name] + [f"{k}={format_value(v)}" for k, v in self.options.items()])
 
+    def _split(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(drafter options, build_method's `controller` / `verifier` names)."""
+        components = {k: v for k, v in self.options.items() if k in COMPONENT_KEYS}
+        return {k: v for k, v in self.options.items() if k not in COMPONENT_KEYS}, components
+
     def build(self, *, do_sample: bool) -> Method:
-        return build_method(self.name, do_sample=do_sample, options=self.options)
+        options, components = self._split()
+        return build_method(self.name, do_sample=do_sample, options=options, **components)
 
     def validate(self) -> None:
-        """Raise `ConfigError` for an unknown drafter, unknown options or invalid option values."""
-        registry.build("drafter", self.name, **self.options)
+        """Raise `ConfigError` for an unknown drafter, controller or verifier, unknown options or
+        invalid option values."""
+        options, components = self._split()
+        registry.build("drafter", self.name, **options)
+        for kind, name in components.items():
+            if not isinstance(name, str):
+                raise ConfigError(f"method spec {self.label!r}: {kind} must be a name, got {name!r}")
+            registry.build(cast(registry.Kind, kind), name)
 
 
 def parse_method(text: str) -> MethodSpec:

@@ -63,6 +63,7 @@ def run(
     if on_tokens is not None:
         on_tokens([pending])
     method.drafter.start(state)
+    method.controller.start(state)
 
     finish: FinishReason = "length"
     while pending not in stop_ids and len(new) < max_new_tokens:

@@ -87,6 +87,9 @@ class Verifier(Protocol):
 
 
 class Controller(Protocol):
+    def start(self, state: DecodeState) -> None:
+        """Called once per request after the prefill (reset per-request state)."""
+
     def budget(self, state: DecodeState) -> int:
         """Largest number of draft nodes to propose this step."""
         ...

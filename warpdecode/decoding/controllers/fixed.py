@@ -17,6 +17,9 @@ class FixedBudget:
             raise ConfigError(f"max_nodes must be >= 0, got {max_nodes}")
         self.max_nodes = max_nodes
 
+    def start(self, state: DecodeState) -> None:
+        pass
+
     def budget(self, state: DecodeState) -> int:
         return self.max_nodes
 
