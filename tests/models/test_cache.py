@@ -131,3 +131,16 @@ def test_plan_write_refuses_overflow() -> None:
 def test_constructor_rejects_empty_cache() -> None:
     with pytest.raises(ConfigError, match="batch > 0"):
         KVCache(L, 0, HKV, S, D)
+
+
+def test_keep_rows_selects_and_reorders_rows() -> None:
+    cache = KVCache(n_layer=2, batch=3, n_kv_head=1, max_len=4, head_dim=2)
+    for row in range(3):
+        cache.k[:, row] = float(row)
+        cache.v[:, row] = float(-row)
+    cache.lengths = torch.tensor([1, 2, 3])
+    cache.keep_rows([2, 0])
+    assert cache.batch == 2 and cache.lengths.tolist() == [3, 1]
+    assert cache.k[:, 0].unique().tolist() == [2.0] and cache.v[:, 1].unique().tolist() == [0.0]
+    with pytest.raises(ValueError, match="row indices"):
+        cache.keep_rows([2])

@@ -4,7 +4,7 @@ registry, and runs the one draft→verify loop in `engine.py` (plain decoding is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from warpdecode.decoding import registry
@@ -15,7 +15,7 @@ from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
 from warpdecode.models.transformer import Transformer
 
-__all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate"]
+__all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, *, chat: bool | None) -> list[int]:
@@ -25,6 +25,21 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, chat: bool | None) -> li
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         return tokenizer.encode(text, add_special_tokens=False)
     return tokenizer.encode(prompt)
+
+
+def prompt_ids(model: Transformer, tokenizer: Tokenizer | None, prompt: str | list[int], *, chat: bool | None) -> list[int]:
+    """Token ids of a text or id prompt, checked to be non-empty and to leave room in the context."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ConfigError("a text prompt needs a tokenizer")
+        prompt = encode_prompt(tokenizer, prompt, chat=chat)
+    ids = list(prompt)
+    context = model.config.max_seq_len
+    if not ids:
+        raise ConfigError("the prompt is empty")
+    if len(ids) >= context:
+        raise ConfigError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
+    return ids
 
 
 def stop_token_ids(model: Transformer, tokenizer: Tokenizer | None) -> set[int]:
@@ -92,18 +107,9 @@ def generate(
     config = SamplingConfig(do_sample, temperature, top_k, top_p, seed, min_p, typical_p, repetition_penalty,
                             frequency_penalty, presence_penalty)
     sampler = Sampler(config, device=model.embed.weight.device)
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ConfigError("a text prompt needs a tokenizer")
-        prompt = encode_prompt(tokenizer, prompt, chat=chat)
-    ids = list(prompt)
-    context = model.config.max_seq_len
-    if not ids:
-        raise ConfigError("the prompt is empty")
-    if len(ids) >= context:
-        raise ConfigError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
+    ids = prompt_ids(model, tokenizer, prompt, chat=chat)
     built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
-    budget = min(max_new_tokens, context - len(ids))
+    budget = min(max_new_tokens, model.config.max_seq_len - len(ids))
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
 
     def on_tokens(tokens: list[int]) -> None:
@@ -118,3 +124,43 @@ def generate(
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
     return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)
+
+
+def generate_batch(
+    model: Transformer,
+    tokenizer: Tokenizer | None,
+    prompts: Sequence[str | list[int]],
+    *,
+    max_new_tokens: int = 128,
+    chat: bool | None = None,
+    stop_at_eos: bool = True,
+    **sampling: Any,
+) -> list[GenerateOutput]:
+    """Plain decoding of several prompts in one batch (one forward per step for all of them).
+
+    `sampling` takes `generate()`'s sampling keywords (`do_sample`, `temperature`, `top_k`, `top_p`,
+    `min_p`, `typical_p`, the penalties, `seed`); one random generator serves the whole batch, so
+    sampled outputs differ from one-by-one runs with the same seed. Greedy outputs equal
+    `generate()`'s up to floating-point ties (batched matmuls may round differently). Each output's
+    `stats.seconds` runs from the batch's start to that prompt's last token.
+    """
+    from warpdecode.decoding.batch import decode_batch
+
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if not prompts:
+        raise ConfigError("generate_batch needs at least one prompt")
+    try:
+        config = SamplingConfig(**sampling)
+    except TypeError as error:
+        raise ConfigError(f"generate_batch: {error}; sampling options: {', '.join(SamplingConfig.__dataclass_fields__)}") from None
+    ids = [prompt_ids(model, tokenizer, p, chat=chat) for p in prompts]
+    budgets = [min(max_new_tokens, model.config.max_seq_len - len(i)) for i in ids]
+    results = decode_batch(model, ids, Sampler(config, device=model.embed.weight.device), budgets=budgets,
+                           stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set())
+    outputs = []
+    for (new, finish, stats), budget in zip(results, budgets, strict=True):
+        if finish == "length" and budget < max_new_tokens:
+            finish = "context"
+        outputs.append(GenerateOutput(new, tokenizer.decode(new) if tokenizer else "", finish, stats))
+    return outputs

@@ -121,6 +121,15 @@ class KVCache:
             raise ValueError(f"truncate to {new.tolist()} but rows hold {self.lengths.tolist()}")
         self.lengths = new
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order (finished rows leave a batch); copies the cache."""
+        if not rows or any(not 0 <= r < self.batch for r in rows):
+            raise ValueError(f"keep_rows needs row indices in [0, {self.batch}), got {rows}")
+        index = torch.tensor(rows, dtype=torch.int64)
+        self.k = self.k[:, index.to(self.k.device)].contiguous()
+        self.v = self.v[:, index.to(self.v.device)].contiguous()
+        self.lengths = self.lengths[index]
+
     def commit(self, tree_start: Tensor, path: Tensor, num_accepted: Tensor) -> None:
         """Keep an accepted root-to-leaf path of the last tree forward and drop the other nodes.
 

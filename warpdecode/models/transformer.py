@@ -324,8 +324,10 @@ class Transformer(nn.Module):
             cache.advance(plan)
         if logits_slice is not None:
             x = x[:, logits_slice]
+        return BackboneOutput(logits=self.head(x), hidden_states=hidden)
+
+    def head(self, x: Tensor) -> Tensor:
+        """LM head: (..., C) final normed hidden states → (..., V) logits."""
         if self.lm_head is not None:
-            logits = self.lm_head(x)  # (B, T', V)
-        else:
-            logits = linear(x, self.embed.weight, self._head_packed)  # (B, T', V)
-        return BackboneOutput(logits=logits, hidden_states=hidden)
+            return self.lm_head(x)
+        return linear(x, self.embed.weight, self._head_packed)
