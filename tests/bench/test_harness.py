@@ -151,3 +151,11 @@ def test_assisted_peer_uses_the_same_draft_and_length(bench_out):
     assert assistant["num_assistant_tokens_schedule"] == "constant"
     assert rows["transformers/prompt_lookup:num_tokens=4"]["settings"] == {"prompt_lookup_num_tokens": 4,
                                                                           "max_matching_ngram_size": 3}
+
+
+def test_no_assisted_peer_for_a_draft_tree(tmp_path):
+    from warpdecode.bench import peers
+    from warpdecode.errors import CapabilityError
+
+    with pytest.raises(CapabilityError, match="chains only"):
+        peers._assisted({"model": None, "layers": 1, "num_tokens": 3, "top_k": 2}, tmp_path)

@@ -1,9 +1,17 @@
-import pytest
+import dataclasses
 
-from warpdecode.decoding.drafters.draft_model import DraftModel
+import pytest
+import torch
+
+from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers
 from warpdecode.decoding.generate import build_method, generate
+from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
+from warpdecode.models.cache import KVCache
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.transformer import Transformer
 
 
 def test_target_as_its_own_draft_accepts_everything(tiny_model_dir, single_thread):
@@ -24,3 +32,119 @@ def test_needs_exactly_one_draft_source():
         DraftModel()
     with pytest.raises(ConfigError, match="exactly one"):
         DraftModel(model="x", layers=2)
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 2, 3], list(range(10, 40))]
+
+
+@pytest.fixture(scope="module")
+def random_target():
+    config = ModelConfig(vocab_size=64, n_layer=3, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=256)
+    torch.manual_seed(1)
+    model = Transformer(config)
+    model.init_weights(std=0.3)
+    return model.eval()
+
+
+class Recorder:
+    """A verifier wrapper that keeps every (tree, result) it verifies."""
+
+    def __init__(self, inner):
+        self.inner, self.seen = inner, []
+
+    def accept(self, tree, target_logits, sampler):
+        result = self.inner.accept(tree, target_logits, sampler)
+        self.seen.append((tree, result))
+        return result
+
+
+def tree_method(top_k, num_tokens=3):
+    method = build_method("draft_model", options={"layers": 1, "num_tokens": num_tokens, "top_k": top_k})
+    return dataclasses.replace(method, verifier=Recorder(method.verifier))
+
+
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_tree_greedy_matches_plain_greedy(random_target, top_k, single_thread):
+    for prompt in PROMPTS:
+        plain = generate(random_target, None, prompt, max_new_tokens=24, stop_at_eos=False)
+        method = tree_method(top_k)
+        tree = generate(random_target, None, prompt, max_new_tokens=24, stop_at_eos=False, method=method)
+        assert tree.token_ids == plain.token_ids
+        assert sum(tree.stats.accepted_per_step) + tree.stats.target_forwards == 23
+        assert max(t.size for t, _ in method.verifier.seen) == top_k * 3
+
+
+def test_tree_accepts_non_first_siblings(random_target, single_thread):
+    """The tree is really used: some accepted node is not the first (expanded) child of its parent."""
+    side_steps = 0
+    for prompt in PROMPTS:
+        method = tree_method(top_k=3)
+        generate(random_target, None, prompt, max_new_tokens=24, stop_at_eos=False, method=method)
+        for tree, result in method.verifier.seen:
+            children = tree.children()
+            side_steps += sum(children[int(tree.parents[c])][0] != c for c in result.path)
+    assert side_steps > 0
+
+
+def started(target, prompt, top_k, num_tokens=3, do_sample=False):
+    """A drafter started on the state right after prefilling `prompt` (pending = the target's argmax)."""
+    cache = KVCache.for_model(target.config, 1, 64)
+    with torch.inference_mode():
+        pending = int(target(torch.tensor([prompt]), cache=cache).logits[0, -1].argmax())
+    state = DecodeState(target, cache, prompt + [pending], len(prompt), Sampler(SamplingConfig(do_sample, seed=0)))
+    drafter = DraftModel(layers=1, num_tokens=num_tokens, top_k=top_k)
+    drafter.start(state)
+    return drafter, state
+
+
+@pytest.mark.parametrize(("budget", "parents"), [
+    (100, [-1, -1, -1, 0, 0, 0, 3, 3, 3]),
+    (7, [-1, -1, -1, 0, 0, 0, 3]),
+    (5, [-1, -1, -1, 0, 0]),
+    (2, [-1, -1]),
+    (0, []),
+])
+def test_greedy_tree_shape(random_target, budget, parents, single_thread):
+    drafter, state = started(random_target, PROMPTS[1], top_k=3)
+    tree = drafter.propose(state, budget)
+    assert tree.parents.tolist() == parents and tree.draft_probs is None
+    # each level holds the draft's top 3 after the path through the previous levels' first siblings
+    draft = first_layers(random_target, 1)
+    tokens = tree.tokens.tolist()
+    for level in range(0, len(tokens), 3):
+        path = state.tokens + tokens[0:level:3]
+        with torch.inference_mode():
+            top = draft(torch.tensor([path])).logits[0, -1].topk(3).indices.tolist()
+        assert tokens[level : level + 3] == top[: len(tokens) - level]
+
+
+def test_sampled_tree_shape(random_target, single_thread):
+    drafter, state = started(random_target, PROMPTS[1], top_k=2, do_sample=True)
+    tree = drafter.propose(state, 5)
+    assert tree.parents.tolist() == [-1, -1, 0, 0, 2]
+    q = tree.draft_probs
+    assert q.shape == (5, 64) and torch.allclose(q.sum(-1), torch.ones(5))
+    assert torch.equal(q[0], q[1]) and torch.equal(q[2], q[3]) and not torch.equal(q[0], q[2])
+    assert all(q[i, t] > 0 for i, t in enumerate(tree.tokens.tolist()))
+
+
+@pytest.mark.parametrize(("path", "kept"), [([1], 0), ([0, 3], 1), ([0, 2, 5], 2), ([0, 2, 4], 2)],
+                         ids=["sibling-at-1", "sibling-at-2", "sibling-at-3", "expanded-chain"])
+def test_observe_keeps_the_committed_prefix(random_target, path, kept, single_thread):
+    """The draft cache ran the expanded nodes 0 and 2 (not the leaves); after an accepted path it holds
+    exactly the committed tokens but the new pending one, and the next proposal equals a fresh drafter's."""
+    drafter, state = started(random_target, PROMPTS[1], top_k=2)
+    tree = drafter.propose(state, 6)
+    before = len(state.tokens)  # the prompt and the old pending token, all in the draft cache now
+    result = AcceptResult.from_path(tree, path, bonus=7)
+    state.tokens.extend(result.tokens)
+    drafter.observe(state, result)
+    assert int(drafter.cache.lengths[0]) == before + kept
+    fresh = DraftModel(layers=1, num_tokens=3, top_k=2)
+    fresh.start(state)
+    assert drafter.propose(state, 6).tokens.tolist() == fresh.propose(state, 6).tokens.tolist()
+
+
+def test_top_k_must_be_positive():
+    with pytest.raises(ConfigError, match="top_k"):
+        DraftModel(layers=1, top_k=0)

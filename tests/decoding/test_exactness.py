@@ -19,6 +19,7 @@ from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import Transformer
 
 OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}}
+TREE_OPTIONS = {"layers": 1, "num_tokens": 2, "top_k": 2}  # draft_model's top-k tree mode
 DRAFTERS = registry.names("drafter")
 
 
@@ -58,7 +59,16 @@ def test_every_drafter_is_covered():
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
 def test_greedy_identity(target, name, prompt, single_thread):
-    method = build_method(name, options=drafter_options(name))
+    check_greedy_identity(target, name, drafter_options(name), prompt)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
+def test_greedy_identity_draft_tree(target, prompt, single_thread):
+    check_greedy_identity(target, "draft_model", TREE_OPTIONS, prompt)
+
+
+def check_greedy_identity(target, name, options, prompt):
+    method = build_method(name, options=options)
     out = generate(target, None, prompt, max_new_tokens=24, stop_at_eos=False, method=method)
     assert out.token_ids == naive_greedy(target, prompt, 24)
     assert out.stats.new_tokens == 24
@@ -122,8 +132,10 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
     assert tv(first, p[0]) > 0.03
 
 
-@pytest.mark.parametrize("name", ["draft_model", "prompt_lookup"])
-def test_engine_sampling_matches_target_distribution(name, single_thread):
+@pytest.mark.parametrize(("name", "options"), [("draft_model", OPTIONS["draft_model"]),
+                                               ("draft_model", TREE_OPTIONS), ("prompt_lookup", {})],
+                         ids=["draft_model", "draft_model-tree", "prompt_lookup"])
+def test_engine_sampling_matches_target_distribution(name, options, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""
     config = ModelConfig(vocab_size=8, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=32)
@@ -132,12 +144,13 @@ def test_engine_sampling_matches_target_distribution(name, single_thread):
     model.init_weights(std=0.8)
     model.eval()
     prompt = [1, 2, 1, 2, 1]
-    method = build_method(name, do_sample=True, options=drafter_options(name))
+    method = build_method(name, do_sample=True, options=options)
     pairs = []
     for seed in range(3000):
-        out = generate(model, None, prompt, max_new_tokens=2, do_sample=True, seed=seed, stop_at_eos=False,
+        # 4 new tokens leave the first verify step a budget of 4 - 2 = 2 draft nodes (2 would leave none)
+        out = generate(model, None, prompt, max_new_tokens=4, do_sample=True, seed=seed, stop_at_eos=False,
                        method=method)
-        pairs.append(out.token_ids)
+        pairs.append(out.token_ids[:2])
     firsts = [a for a, _ in pairs]
     common = max(set(firsts), key=firsts.count)
     seconds = [b for a, b in pairs if a == common]

@@ -84,9 +84,12 @@ def _prompt_lookup(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
 def _assisted(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
     """The same draft as `draft_model`: its model directory, or the target's first `layers` blocks,
     drafting `num_tokens` per step (constant schedule). Transformers' confidence stop stays at its
-    default (`assistant_confidence_threshold`): it ends a draft early when the assistant is unsure."""
+    default (`assistant_confidence_threshold`): it ends a draft early when the assistant is unsure.
+    Transformers drafts chains only, so a `top_k > 1` tree has no equivalent."""
     from warpdecode.models.checkpoint import resolve
 
+    if options["top_k"] != 1:
+        raise CapabilityError(f"transformers' assisted generation drafts chains only, not top_k={options['top_k']} trees")
     if options["layers"] is not None:
         assistant = load_transformers_model(target_dir, num_hidden_layers=options["layers"])
     else:

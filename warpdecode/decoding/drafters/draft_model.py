@@ -1,8 +1,23 @@
-"""Draft-model speculative decoding: a smaller backbone with the target's tokenizer drafts a chain.
+"""Draft-model speculative decoding: a smaller backbone with the target's tokenizer drafts a chain or a tree.
 
 The draft is either another model (`model=`) or, as a zero-training draft, the target's own first
 `layers` blocks followed by its final norm and LM head (weights shared, not copied). The draft keeps
 its own KV cache, rolled back to the accepted prefix after every verification.
+
+With `top_k > 1` each step drafts a "chain of fans" (SpecInfer / Medusa-style top-k tree): `num_tokens`
+levels of `top_k` siblings each, where only the first sibling of a level gets children. Example with
+`top_k=3`, `num_tokens=3` (node indices as in the `DraftTree`, 9 nodes, depth 3):
+
+    pending ─┬─ 0 ─┬─ 3 ─┬─ 6
+             ├─ 1  ├─ 4  ├─ 7
+             └─ 2  └─ 5  └─ 8
+
+Greedy: a level holds the `top_k` largest draft logits, most likely first, so the expanded first
+sibling is the level's node of highest cumulative draft log-prob; the tree is deterministic
+(`draft_probs=None`). Sampling: a level holds `top_k` independent draws with replacement from the
+draft distribution q, each node's `draft_probs` row being q, as lossless tree verification requires.
+The draft runs one forward per level, over the expanded node only, so its cache holds one chain;
+`top_k=1` is the plain chain.
 """
 
 from __future__ import annotations
@@ -11,10 +26,11 @@ import dataclasses
 from typing import ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
+from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
@@ -36,24 +52,52 @@ def first_layers(target: Transformer, layers: int) -> Transformer:
     return view.eval()
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def propose_children(logits: Tensor, width: int, sampler: Sampler) -> tuple[list[int], Tensor | None]:
+    """The `width` siblings proposed after `logits` (1, V).
+
+    Greedy: the `width` largest logits, largest first, and None. Sampling: `width` independent draws
+    with replacement from q = `sampler.probs(logits)`, and q (1, V), the distribution of each of them.
+    """
+    if not sampler.config.do_sample:
+        return logits[0].topk(width).indices.tolist(), None
+    q = sampler.probs(logits)  # (1, V)
+    return torch.multinomial(q[0], width, replacement=True, generator=sampler.generator).tolist(), q
+
+
 @register("drafter", "draft_model")
 class DraftModel:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
 
-    def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4) -> None:
+    def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
+                 top_k: int = 1) -> None:
         """Args:
         model: a draft model directory or name sharing the target's tokenizer.
         layers: instead of `model`, draft with the target's first `layers` blocks (no training).
-        num_tokens: chain length drafted per step.
+        num_tokens: draft depth per step (the chain length when `top_k=1`).
+        top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         """
         if (model is None) == (layers is None):
             raise ConfigError("draft_model needs exactly one of model= (a draft model) or layers= (target layers)")
         if num_tokens < 1:
             raise ConfigError(f"draft_model num_tokens must be >= 1, got {num_tokens}")
-        self.model_source, self.layers, self.num_tokens = model, layers, num_tokens
+        if top_k < 1:
+            raise ConfigError(f"draft_model top_k must be >= 1, got {top_k}")
+        self.model_source, self.layers, self.num_tokens, self.top_k = model, layers, num_tokens, top_k
         self.draft: Transformer | None = None
         self.cache: KVCache | None = None
+        self.fed: list[int] = []
+        """Drafted tokens in the draft cache after the committed ones (the expanded nodes, root first)."""
 
     def start(self, state: DecodeState) -> None:
         target = state.target
@@ -65,35 +109,50 @@ class DraftModel:
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "
                               f"{target.config.vocab_size}: draft and target must share a tokenizer")
+        if self.top_k > target.config.vocab_size:
+            raise ConfigError(f"draft_model top_k {self.top_k} exceeds the vocabulary of {target.config.vocab_size}")
         self.draft.pack_for_cpu_inference()
         self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len,
                                        dtype=target.embed.weight.dtype, device=target.embed.weight.device)
+        self.fed = []
+
+    def level_widths(self, budget: int) -> list[int]:
+        """Siblings per level: `top_k` on each of `num_tokens` levels, cut to `budget` nodes by dropping
+        levels first (the last kept level may be narrower)."""
+        full, rest = divmod(min(budget, self.top_k * self.num_tokens), self.top_k)
+        return [self.top_k] * full + ([rest] if rest else [])
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.draft is not None and self.cache is not None, "start() must run first"
-        k = min(self.num_tokens, budget)
-        if k < 1:
+        widths = self.level_widths(budget)
+        if not widths:
             return DraftTree.empty()
         device = self.draft.embed.weight.device
         unseen = state.tokens[int(self.cache.lengths[0]) :]  # committed tokens the draft has not run, pending last
         logits = self.draft(torch.tensor([unseen], device=device), cache=self.cache, logits_slice=slice(-1, None)).logits[0]
-        drafted: list[int] = []
-        probs = []
-        sampling = state.sampler.config.do_sample
-        for i in range(k):
-            if sampling:
-                q = state.sampler.probs(logits)  # (1, V) the distribution the token is drawn from
-                drafted.append(int(torch.multinomial(q[0], 1, generator=state.sampler.generator)))
-                probs.append(q[0])
-            else:
-                drafted.append(int(logits[0].argmax()))
-            if i < k - 1:
-                logits = self.draft(torch.tensor([[drafted[-1]]], device=device), cache=self.cache).logits[0]
-        return DraftTree.chain(drafted, torch.stack(probs) if sampling else None)
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[Tensor] = []
+        parent = -1  # the pending token, then each level's first sibling
+        for level, width in enumerate(widths):
+            children, q = propose_children(logits, width, state.sampler)
+            parents += [parent] * width
+            parent = len(tokens)
+            tokens += children
+            if q is not None:
+                probs.append(q.expand(width, -1))
+            if level < len(widths) - 1:
+                self.fed.append(children[0])
+                logits = self.draft(torch.tensor([[children[0]]], device=device), cache=self.cache).logits[0]
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.cat(probs) if probs else None)
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
         assert self.cache is not None
-        # Keep the draft's cache entries that match committed tokens: everything but the new pending token.
-        valid = min(int(self.cache.lengths[0]), len(state.tokens) - 1)
-        self.cache.truncate(valid)
+        # Keep the draft's cache entries that match committed tokens (all but the new pending token). The
+        # drafted entries match while the accepted path follows the expanded nodes; it may leave them
+        # through a leaf sibling, whose token differs from the cached expanded one.
+        committed = int(self.cache.lengths[0]) - len(self.fed)
+        new = state.tokens[committed : len(state.tokens) - 1]
+        self.cache.truncate(committed + common_prefix(self.fed, new))
+        self.fed = []
