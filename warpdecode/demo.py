@@ -4,7 +4,8 @@
 2. generate answers to a few prompts with timing,
 3. greedy decoding side by side with Hugging Face `generate()` on the same weights and threads,
 4. train the tiny code model briefly with `warpdecode fit` and show the held-out perplexity drop,
-5. generate from the model it trained.
+5. generate from the model it trained,
+6. benchmark the decoding methods side by side (`warpdecode bench`) on a few Spec-Bench prompts.
 """
 
 from __future__ import annotations
@@ -102,6 +103,24 @@ def step_generate_tiny(model_dir: Path) -> str:
     return out.text
 
 
+BENCH_METHODS = "none,prompt_lookup,prompt_lookup:controller=adaptive,draft_model:layers=10"
+BENCH_CATEGORIES = "summarization,rag,translation,coding"
+
+
+def step_bench(out_dir: Path, max_new_tokens: int) -> str:
+    banner(f"6. decoding methods side by side: {BENCH_CATEGORIES} (1 Spec-Bench prompt each)")
+    from warpdecode.bench.harness import BenchConfig, run_bench
+    from warpdecode.bench.report import write
+
+    config = BenchConfig(prompts="spec_bench", categories=BENCH_CATEGORIES, limit=1, max_new_tokens=max_new_tokens)
+    result = run_bench(config, methods=BENCH_METHODS)
+    write(result, out_dir)
+    table = result.table()
+    print(table)
+    print(f"\nwrote {out_dir}/results.md and speedup.png; repeat with: {config.command(out_dir)}")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("demo-out"))
@@ -115,6 +134,7 @@ def main() -> None:
     comparison = step_compare(args.max_new_tokens)
     metrics = step_train(args.out, args.train_steps)
     step_generate_tiny(args.out / "model")
+    bench_table = step_bench(args.out / "bench", args.max_new_tokens)
 
     banner("summary")
     mean_tps = sum(a["tokens_per_second"] for a in answers) / len(answers)
@@ -126,6 +146,8 @@ def main() -> None:
           f"in {metrics['steps']} steps ({metrics['seconds']:.0f} s)")
     print(f"trained model      {args.out / 'model'} (try: warpdecode generate --model {args.out / 'model'} --prompt 'import ')")
     print(f"total              {time.perf_counter() - start:.0f} s")
+    print("\ndecoding methods (speedup over plain greedy in the same run):")
+    print(bench_table.split("\n\n")[0])
 
 
 if __name__ == "__main__":
