@@ -159,3 +159,16 @@ def test_no_assisted_peer_for_a_draft_tree(tmp_path):
 
     with pytest.raises(CapabilityError, match="chains only"):
         peers._assisted({"model": None, "layers": 1, "num_tokens": 3, "top_k": 2}, tmp_path)
+
+
+@pytest.mark.parametrize("drafter, options, message", [
+    ("_prompt_lookup", {"num_tokens": 4, "max_ngram": 3, "controller": "adaptive"}, "'adaptive' controller"),
+    ("_prompt_lookup", {"num_tokens": 4, "max_ngram": 3, "verifier": "typical"}, "'typical' verifier"),
+    ("_assisted", {"model": None, "layers": 1, "num_tokens": 3, "top_k": 1, "verifier": "typical"}, "'typical' verifier"),
+])
+def test_no_peer_for_components_transformers_lacks(tmp_path, drafter, options, message):
+    from warpdecode.bench import peers
+    from warpdecode.errors import CapabilityError
+
+    with pytest.raises(CapabilityError, match=message):
+        getattr(peers, drafter)(options, tmp_path)

@@ -77,17 +77,28 @@ class TransformersGenerate:
         return PeerResult(token_ids=out[0, len(ids):].tolist(), seconds=seconds)
 
 
+def _check_components(options: dict[str, Any], schedules: tuple[str, ...]) -> None:
+    """Refuse methods transformers has no version of: other verifiers, or an unsupported controller."""
+    if options.get("verifier") not in (None, "greedy", "speculative_sampling"):
+        raise CapabilityError(f"transformers has no {options['verifier']!r} verifier")
+    if options.get("controller", "fixed") not in schedules:
+        raise CapabilityError(f"transformers has no equivalent of the {options['controller']!r} controller here")
+
+
 def _prompt_lookup(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
+    _check_components(options, ("fixed",))
     return {"prompt_lookup_num_tokens": options["num_tokens"], "max_matching_ngram_size": options["max_ngram"]}
 
 
 def _assisted(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
     """The same draft as `draft_model`: its model directory, or the target's first `layers` blocks,
-    drafting `num_tokens` per step (constant schedule). Transformers' confidence stop stays at its
+    drafting `num_tokens` per step (constant schedule; `controller=adaptive` maps to transformers'
+    `heuristic` schedule, the same rule). Transformers' confidence stop stays at its
     default (`assistant_confidence_threshold`): it ends a draft early when the assistant is unsure.
     Transformers drafts chains only, so a `top_k > 1` tree has no equivalent."""
     from warpdecode.models.checkpoint import resolve
 
+    _check_components(options, ("fixed", "adaptive"))
     if options["top_k"] != 1:
         raise CapabilityError(f"transformers' assisted generation drafts chains only, not top_k={options['top_k']} trees")
     if options["layers"] is not None:
@@ -95,7 +106,8 @@ def _assisted(options: dict[str, Any], target_dir: Path) -> dict[str, Any]:
     else:
         assistant = load_transformers_model(resolve(options["model"]))
     assistant.generation_config.num_assistant_tokens = options["num_tokens"]
-    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    adaptive = options.get("controller") == "adaptive"
+    assistant.generation_config.num_assistant_tokens_schedule = "heuristic" if adaptive else "constant"
     return {"assistant_model": assistant}
 
 
