@@ -93,6 +93,7 @@ def started(target, prompt, top_k, num_tokens=3, do_sample=False):
         pending = int(target(torch.tensor([prompt]), cache=cache).logits[0, -1].argmax())
     state = DecodeState(target, cache, prompt + [pending], len(prompt), Sampler(SamplingConfig(do_sample, seed=0)))
     drafter = DraftModel(layers=1, num_tokens=num_tokens, top_k=top_k)
+    drafter.prepare(target)
     drafter.start(state)
     return drafter, state
 
@@ -141,6 +142,7 @@ def test_observe_keeps_the_committed_prefix(random_target, path, kept, single_th
     drafter.observe(state, result)
     assert int(drafter.cache.lengths[0]) == before + kept
     fresh = DraftModel(layers=1, num_tokens=3, top_k=2)
+    fresh.prepare(random_target)
     fresh.start(state)
     assert drafter.propose(state, 6).tokens.tolist() == fresh.propose(state, 6).tokens.tolist()
 
@@ -148,3 +150,12 @@ def test_observe_keeps_the_committed_prefix(random_target, path, kept, single_th
 def test_top_k_must_be_positive():
     with pytest.raises(ConfigError, match="top_k"):
         DraftModel(layers=1, top_k=0)
+
+
+def test_prepare_loads_the_draft_once_before_decoding(tiny_model_dir):
+    target, _ = load_pretrained(tiny_model_dir)
+    drafter = DraftModel(model=str(tiny_model_dir))
+    drafter.prepare(target)
+    loaded = drafter.draft
+    drafter.prepare(target)
+    assert loaded is not None and drafter.draft is loaded

@@ -50,6 +50,7 @@ def run(
                               dtype=target.embed.weight.dtype, device=device)
     hidden_layers = method.drafter.needs_hidden_states
     target.pack_for_cpu_inference()
+    method.drafter.prepare(target)
     stats = DecodeStats(prompt_tokens=len(prompt_ids))
     start = time.perf_counter()
     out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,

@@ -61,8 +61,12 @@ class Drafter(Protocol):
     needs_hidden_states: ClassVar[tuple[int, ...]]
     """Target hidden-state layers this drafter reads from `DecodeState.hidden_states`."""
 
+    def prepare(self, target: Transformer) -> None:
+        """Called before each request's timed decode: load weights or build views of `target` here
+        (once; later calls should be cheap)."""
+
     def start(self, state: DecodeState) -> None:
-        """Called once after the prefill (e.g. to prefill a draft model)."""
+        """Called once after the prefill (e.g. to set up a draft model's cache)."""
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         """A tree of at most `budget` nodes continuing `state.pending`."""

@@ -99,10 +99,11 @@ class DraftModel:
         self.fed: list[int] = []
         """Drafted tokens in the draft cache after the committed ones (the expanded nodes, root first)."""
 
-    def start(self, state: DecodeState) -> None:
-        target = state.target
+    def prepare(self, target: Transformer) -> None:
+        """Load the draft model (once) or take the target's first layers, outside the timed decode."""
         if self.layers is not None:
-            self.draft = first_layers(target, self.layers)
+            if self.draft is None or self.draft.embed is not target.embed:
+                self.draft = first_layers(target, self.layers)
         elif self.draft is None:
             assert self.model_source is not None
             self.draft, _ = load_pretrained(self.model_source, device=target.embed.weight.device)
@@ -112,8 +113,12 @@ class DraftModel:
         if self.top_k > target.config.vocab_size:
             raise ConfigError(f"draft_model top_k {self.top_k} exceeds the vocabulary of {target.config.vocab_size}")
         self.draft.pack_for_cpu_inference()
-        self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len,
-                                       dtype=target.embed.weight.dtype, device=target.embed.weight.device)
+
+    def start(self, state: DecodeState) -> None:
+        assert self.draft is not None, "prepare() must run first"
+        device = state.target.embed.weight.device
+        self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len, dtype=state.target.embed.weight.dtype,
+                                       device=device)
         self.fed = []
 
     def level_widths(self, budget: int) -> list[int]:

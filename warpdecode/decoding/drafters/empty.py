@@ -7,12 +7,16 @@ from typing import ClassVar
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
+from warpdecode.models.transformer import Transformer
 
 
 @register("drafter", "none")
 class EmptyDrafter:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
+
+    def prepare(self, target: Transformer) -> None:
+        pass
 
     def start(self, state: DecodeState) -> None:
         pass

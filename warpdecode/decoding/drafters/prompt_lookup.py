@@ -13,6 +13,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
+from warpdecode.models.transformer import Transformer
 
 
 def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
@@ -46,6 +47,9 @@ class PromptLookup:
             raise ConfigError(f"prompt lookup needs 1 <= min_ngram <= max_ngram and num_tokens >= 1, "
                               f"got {min_ngram}, {max_ngram}, {num_tokens}")
         self.max_ngram, self.min_ngram, self.num_tokens = max_ngram, min_ngram, num_tokens
+
+    def prepare(self, target: Transformer) -> None:
+        pass
 
     def start(self, state: DecodeState) -> None:
         pass
