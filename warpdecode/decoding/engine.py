@@ -60,7 +60,7 @@ def run(
     stats.time_to_first_token = time.perf_counter() - start
     new = [pending]
     state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
-                        {k: v[0] for k, v in out.hidden_states.items()})
+                        {k: v[0] for k, v in out.hidden_states.items()}, torch.tensor(prompt_ids[-1:]), out.logits[0])
     if on_tokens is not None:
         on_tokens([pending])
     method.drafter.start(state)
@@ -89,6 +89,7 @@ def run(
         kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
         cache.commit(tree_start, torch.tensor([kept]), torch.tensor([len(kept)]))
         state.hidden_states = {k: v[0, kept] for k, v in out.hidden_states.items()}
+        state.forward_tokens, state.forward_logits = tokens[0], out.logits[0]
         t2 = time.perf_counter()
 
         emitted = result.tokens

@@ -32,6 +32,11 @@ class DecodeState:
     sampler: Sampler
     hidden_states: dict[int, Tensor] = field(default_factory=dict)
     """Target hidden states (layer → (T, C)) of the last verify forward's accepted positions."""
+    forward_tokens: Tensor | None = None
+    """(T,) int64 input tokens of the last target forward whose logits are in `forward_logits`:
+    `[pending] + tree` after a verify forward, the last prompt token after the prefill."""
+    forward_logits: Tensor | None = None
+    """(T, V) raw target logits after each of `forward_tokens` (accepted or not)."""
 
     @property
     def pending(self) -> int:
