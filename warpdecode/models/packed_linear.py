@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -78,10 +79,16 @@ def linear(x: Tensor, weight: Tensor, packed: PackedWeight | None) -> Tensor:
     return F.linear(x, weight)
 
 
+class Int8Matmul(Protocol):
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+
 class Linear(nn.Linear):
-    """`nn.Linear` (same parameters and state-dict keys) that can hold a packed copy of its weight."""
+    """`nn.Linear` (same parameters and state-dict keys) that can hold a packed copy of its weight,
+    or, in an inference-only int8 copy of a model (`models.int8`), run int8 weights instead."""
 
     packed: PackedWeight | None = None
+    int8: Int8Matmul | None = None
 
     def pack(self) -> bool:
         """Make or refresh the packed copy; False where packing is unavailable."""
@@ -93,6 +100,8 @@ class Linear(nn.Linear):
         self.packed = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.int8 is not None:
+            return self.int8(x)
         if self.packed is not None and self.packed.usable(x, (self.weight,)):
             return self.packed(x)
         return F.linear(x, self.weight, self.bias)

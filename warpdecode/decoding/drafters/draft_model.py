@@ -78,6 +78,7 @@ def propose_children(logits: Tensor, width: int, sampler: Sampler) -> tuple[list
 class DraftModel:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
+    name: ClassVar[str] = "draft_model"
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  top_k: int = 1) -> None:
@@ -89,11 +90,16 @@ class DraftModel:
         """
         if (model is None) == (layers is None):
             raise ConfigError("draft_model needs exactly one of model= (a draft model) or layers= (target layers)")
+        self.model_source, self.layers = model, layers
+        self.init_drafting(num_tokens, top_k)
+
+    def init_drafting(self, num_tokens: int, top_k: int) -> None:
+        """Validate and set the draft shape; the draft itself is set by `prepare`."""
         if num_tokens < 1:
-            raise ConfigError(f"draft_model num_tokens must be >= 1, got {num_tokens}")
+            raise ConfigError(f"{self.name} num_tokens must be >= 1, got {num_tokens}")
         if top_k < 1:
-            raise ConfigError(f"draft_model top_k must be >= 1, got {top_k}")
-        self.model_source, self.layers, self.num_tokens, self.top_k = model, layers, num_tokens, top_k
+            raise ConfigError(f"{self.name} top_k must be >= 1, got {top_k}")
+        self.num_tokens, self.top_k = num_tokens, top_k
         self.draft: Transformer | None = None
         self.cache: KVCache | None = None
         self.fed: list[int] = []
@@ -117,7 +123,7 @@ class DraftModel:
     def start(self, state: DecodeState) -> None:
         assert self.draft is not None, "prepare() must run first"
         device = state.target.embed.weight.device
-        self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len, dtype=state.target.embed.weight.dtype,
+        self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len, dtype=self.draft.embed.weight.dtype,
                                        device=device)
         self.fed = []
 

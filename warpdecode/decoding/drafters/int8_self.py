@@ -1,0 +1,40 @@
+"""Int8 self-speculation: the target, quantised to int8 weights, drafts for its fp32 self.
+
+A quantised copy agrees with the full-precision model on most tokens, and a decode step of the
+int8 copy reads a quarter of the weight bytes, so on a memory-bound CPU it drafts a chain (or a
+top-k tree) at a fraction of a target step. The fp32 target verifies, so the output is exactly the
+target's. No training, no second model to ship; the copy costs ~1/4 of the fp32 weights in memory
+(plus bf16 embeddings) and is built once per target. Drafting and cache handling are the draft
+model's (`draft_model.py`); optionally only the first `layers` blocks are kept (layer skip).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers
+from warpdecode.decoding.registry import register
+from warpdecode.models.int8 import int8_copy
+from warpdecode.models.transformer import Transformer
+
+
+@register("drafter", "int8_self")
+class Int8SelfDraft(DraftModel):
+    name: ClassVar[str] = "int8_self"
+
+    def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None) -> None:
+        """Args:
+        num_tokens: draft depth per step (the chain length when `top_k=1`).
+        top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
+        layers: keep only the target's first `layers` blocks in the int8 draft (default: all).
+        """
+        self.model_source, self.layers = None, None
+        self.init_drafting(num_tokens, top_k)
+        self.keep_layers = layers
+        self.source: Transformer | None = None
+
+    def prepare(self, target: Transformer) -> None:
+        if self.draft is None or self.source is not target:
+            source = target if self.keep_layers is None else first_layers(target, self.keep_layers)
+            self.draft = int8_copy(source)
+            self.source = target
