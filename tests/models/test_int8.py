@@ -32,11 +32,11 @@ def test_int8_copy_follows_the_model_and_leaves_it_unchanged(tied):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     draft = int8_copy(model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert draft.lm_head is not None and draft.embed.weight.dtype == torch.bfloat16
+    assert draft.lm_head is not None and draft.lm_head.int8 is not None and draft.blocks[0].attn.qkv.int8 is not None
     tokens = torch.randint(0, 50, (1, 12))
     with torch.inference_mode():
         ref = model(tokens).logits
-        cache = KVCache.for_model(draft.config, 1, 16, dtype=torch.bfloat16)
+        cache = KVCache.for_model(draft.config, 1, 16)
         got = torch.cat([draft(tokens[:, :8], cache=cache).logits, draft(tokens[:, 8:], cache=cache).logits], 1)
     assert got.shape == ref.shape
     assert (got.float() - ref).abs().max() < 0.1 * ref.abs().max()

@@ -118,6 +118,7 @@ class FusedLinear:
         self.layers = tuple(layers)
         self.sizes = [layer.out_features for layer in self.layers]
         self.packed: PackedWeight | None = None
+        self.int8: Int8Matmul | None = None  # the stacked int8 weight of an int8 copy (`models.int8`)
 
     def _weights(self) -> tuple[Tensor, ...]:
         return tuple(layer.weight for layer in self.layers)
@@ -132,6 +133,8 @@ class FusedLinear:
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
         """(..., in) → one (..., out_i) tensor per layer."""
+        if self.int8 is not None:
+            return tuple(self.int8(x).split(self.sizes, dim=-1))
         if self.packed is not None and self.packed.usable(x, self._weights()):
             return tuple(self.packed(x).split(self.sizes, dim=-1))
         return tuple(layer(x) for layer in self.layers)

@@ -3,17 +3,27 @@
 A quantised copy agrees with the full-precision model on most tokens, and a decode step of the
 int8 copy reads a quarter of the weight bytes, so on a memory-bound CPU it drafts a chain (or a
 top-k tree) at a fraction of a target step. The fp32 target verifies, so the output is exactly the
-target's. No training, no second model to ship; the copy costs ~1/4 of the fp32 weights in memory
-(plus bf16 embeddings) and is built once per target. Drafting and cache handling are the draft
-model's (`draft_model.py`); optionally only the first `layers` blocks are kept (layer skip).
+target's. No training, no second model to ship; the copy's int8 weights cost ~1/4 of the fp32
+linear weights in memory (embeddings and norms are shared with the target); built once per target. Drafting is the draft model's
+(`draft_model.py`); optionally only the first `layers` blocks are kept (layer skip).
+
+Because the draft has the target's architecture, its KV cache is copied from the target's
+instead of being computed: the draft never prefills the prompt, and every
+committed position holds the target's exact keys and values, which raises acceptance. Only the
+pending token and the draft's own proposals run through the int8 copy.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
+
 from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers
+from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
+from warpdecode.decoding.tree import DraftTree
+from warpdecode.models.cache import KVCache
 from warpdecode.models.int8 import int8_copy
 from warpdecode.models.transformer import Transformer
 
@@ -32,9 +42,31 @@ class Int8SelfDraft(DraftModel):
         self.init_drafting(num_tokens, top_k)
         self.keep_layers = layers
         self.source: Transformer | None = None
+        self.synced = 0
+        """Leading positions of the draft cache that hold the target's keys/values."""
 
     def prepare(self, target: Transformer) -> None:
         if self.draft is None or self.source is not target:
             source = target if self.keep_layers is None else first_layers(target, self.keep_layers)
             self.draft = int8_copy(source)
             self.source = target
+
+    def start(self, state: DecodeState) -> None:
+        super().start(state)
+        self.synced = 0
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        self.sync_cache(state.cache)
+        return super().propose(state, budget)
+
+    def sync_cache(self, target_cache: KVCache) -> None:
+        """Copy the target's keys/values of the committed positions the draft cache lacks."""
+        assert self.cache is not None and self.draft is not None
+        committed = int(target_cache.lengths[0])
+        layers = self.draft.config.n_layer
+        span = slice(self.synced, committed)
+        self.cache.k[:, :, :, span] = target_cache.k[:layers, :, :, span]
+        self.cache.v[:, :, :, span] = target_cache.v[:layers, :, :, span]
+        self.cache.lengths = torch.tensor([committed])
+        self.synced = committed
+        self.fed = []
