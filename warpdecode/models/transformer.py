@@ -37,7 +37,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalise in fp32 like the reference implementations, then cast back.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        # Normalise in fp32 like the reference implementations, then cast back before the weight.
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
