@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from warpdecode.decoding import registry
+from warpdecode.decoding.drafters.draft_model import without_replacement
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.tree import DraftTree
@@ -89,7 +90,7 @@ def tv(samples, probs):
     return 0.5 * (freq - probs.double()).abs().sum().item()
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree_iid", "tree_deterministic"])
+@pytest.mark.parametrize("shape", ["chain", "tree_iid", "tree_without_replacement", "tree_deterministic"])
 def test_speculative_accept_follows_target(shape):
     """First emitted token ~ p0; for chains, the token after an accepted x1 ~ p1 (the target given x1)."""
     V, n = 8, 12000
@@ -105,6 +106,9 @@ def test_speculative_accept_follows_target(shape):
         elif shape == "tree_iid":
             xs = torch.multinomial(q, 2, replacement=True, generator=gen)
             tree = DraftTree(xs, torch.tensor([-1, -1]), torch.stack([q, q]))
+        elif shape == "tree_without_replacement":
+            xs, rows = without_replacement(q[None], 2, gen)
+            tree = DraftTree(torch.tensor(xs), torch.tensor([-1, -1]), rows)
         else:
             tree = DraftTree(torch.tensor([2, 5]), torch.tensor([-1, -1]))
         out = speculative_accept(tree, p[: tree.size + 1], torch.rand(tree.size, generator=gen), gen)
@@ -116,6 +120,33 @@ def test_speculative_accept_follows_target(shape):
         # given the first token x1 was accepted, the second follows the target row after node 0
         seconds = [s for _, s in second_given_x1]
         assert len(seconds) > 2000 and tv(seconds, p[1]) < 0.05
+
+
+def test_without_replacement_needs_renormalised_rows():
+    """Power check: distinct siblings verified against the unrenormalised q (as if drawn i.i.d.) are
+    detected, while the renormalised rows pass on the same distributions."""
+    V, k, n = 6, 3, 6000
+    gen = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(k + 1, V, generator=gen) * 3, -1)  # rows: after pending, after each sibling
+    q = torch.softmax(torch.randn(V, generator=gen) * 3, -1)
+    distance = {}
+    for wrong in (False, True):
+        first = []
+        for _ in range(n):
+            xs, rows = without_replacement(q[None], k, gen)
+            tree = DraftTree(torch.tensor(xs), torch.full((len(xs),), -1), q.expand(len(xs), -1) if wrong else rows)
+            first.append(speculative_accept(tree, p[: len(xs) + 1], torch.rand(len(xs), generator=gen), gen).tokens[0])
+        distance[wrong] = tv(first, p[0])
+    assert distance[False] < 0.03 < distance[True]
+
+
+def test_without_replacement_rows():
+    q = torch.tensor([[0.5, 0.3, 0.2, 0.0]])
+    tokens, rows = without_replacement(q, 5, torch.Generator().manual_seed(0))
+    assert sorted(tokens) == [0, 1, 2]  # at most the support, all distinct
+    for i, token in enumerate(tokens):
+        assert rows[i, tokens[:i]].sum() == 0 and torch.isclose(rows[i].sum(), torch.tensor(1.0))
+        assert rows[i, token] > 0
 
 
 def test_wrong_rule_fails_the_distribution_test(monkeypatch):
@@ -134,8 +165,10 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
 
 @pytest.mark.parametrize(("name", "options"), [("draft_model", OPTIONS["draft_model"]),
                                                ("draft_model", TREE_OPTIONS), ("prompt_lookup", {}),
+                                               ("draft_model", TREE_OPTIONS | {"replacement": False}),
                                                ("token_recycling", {"num_nodes": 2}), ("int8_self", {"num_tokens": 2})],
-                         ids=["draft_model", "draft_model-tree", "prompt_lookup", "token_recycling", "int8_self"])
+                         ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
+                              "token_recycling", "int8_self"])
 def test_engine_sampling_matches_target_distribution(name, options, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""

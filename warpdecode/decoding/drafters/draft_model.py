@@ -15,7 +15,10 @@ levels of `top_k` siblings each, where only the first sibling of a level gets ch
 Greedy: a level holds the `top_k` largest draft logits, most likely first, so the expanded first
 sibling is the level's node of highest cumulative draft log-prob; the tree is deterministic
 (`draft_probs=None`). Sampling: a level holds `top_k` independent draws with replacement from the
-draft distribution q, each node's `draft_probs` row being q, as lossless tree verification requires.
+draft distribution q, each node's `draft_probs` row being q, as lossless tree verification requires;
+with `replacement=false` the siblings are distinct, drawn without replacement, and row i is q without
+the first i siblings, renormalised (recursive speculative decoding: the same recursive rejection
+verifier stays lossless, and no draft is wasted on a duplicate).
 The draft runs one forward per level, over the expanded node only, so its cache holds one chain;
 `top_k=1` is the plain chain.
 """
@@ -62,16 +65,37 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def propose_children(logits: Tensor, width: int, sampler: Sampler) -> tuple[list[int], Tensor | None]:
-    """The `width` siblings proposed after `logits` (1, V).
+def without_replacement(q: Tensor, width: int, generator: torch.Generator | None) -> tuple[list[int], Tensor]:
+    """`width` distinct tokens drawn one after another from q (1, V) without replacement (Gumbel-top-k),
+    and the (width, V) distribution each was drawn from: row i is q with the first i tokens removed,
+    renormalised (the proposals recursive speculative decoding verifies, Jeon et al. 2024).
+
+    Example: q = [0.5, 0.3, 0.2], draws 1 then 0 → rows [0.5, 0.3, 0.2] and [0.714, 0, 0.286].
+    """
+    width = min(width, int((q[0] > 0).sum()))
+    gumbel = -torch.log(-torch.log(torch.rand(q.shape[-1], generator=generator).clamp_min(1e-20)))
+    tokens = (q[0].log() + gumbel).topk(width).indices.tolist()
+    rows = []
+    remaining = q[0].clone()
+    for token in tokens:
+        rows.append(remaining / remaining.sum())
+        remaining[token] = 0.0
+    return tokens, torch.stack(rows)
+
+
+def propose_children(logits: Tensor, width: int, sampler: Sampler, replacement: bool = True) -> tuple[list[int], Tensor | None]:
+    """The siblings proposed after `logits` (1, V) and the (n, V) distribution each was drawn from.
 
     Greedy: the `width` largest logits, largest first, and None. Sampling: `width` independent draws
-    with replacement from q = `sampler.probs(logits)`, and q (1, V), the distribution of each of them.
+    with replacement from q = `sampler.probs(logits)` (every row q), or, with `replacement=False`,
+    up to `width` distinct draws (see `without_replacement`).
     """
     if not sampler.config.do_sample:
         return logits[0].topk(width).indices.tolist(), None
     q = sampler.probs(logits)  # (1, V)
-    return torch.multinomial(q[0], width, replacement=True, generator=sampler.generator).tolist(), q
+    if not replacement:
+        return without_replacement(q, width, sampler.generator)
+    return torch.multinomial(q[0], width, replacement=True, generator=sampler.generator).tolist(), q.expand(width, -1)
 
 
 @register("drafter", "draft_model")
@@ -81,25 +105,27 @@ class DraftModel:
     name: ClassVar[str] = "draft_model"
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
-                 top_k: int = 1) -> None:
+                 top_k: int = 1, replacement: bool = True) -> None:
         """Args:
         model: a draft model directory or name sharing the target's tokenizer.
         layers: instead of `model`, draft with the target's first `layers` blocks (no training).
         num_tokens: draft depth per step (the chain length when `top_k=1`).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
+        replacement: when sampling, draw siblings independently (SpecInfer); false: distinct siblings
+            drawn without replacement (recursive speculative decoding). Greedy trees are top-k either way.
         """
         if (model is None) == (layers is None):
             raise ConfigError("draft_model needs exactly one of model= (a draft model) or layers= (target layers)")
         self.model_source, self.layers = model, layers
-        self.init_drafting(num_tokens, top_k)
+        self.init_drafting(num_tokens, top_k, replacement)
 
-    def init_drafting(self, num_tokens: int, top_k: int) -> None:
+    def init_drafting(self, num_tokens: int, top_k: int, replacement: bool = True) -> None:
         """Validate and set the draft shape; the draft itself is set by `prepare`."""
         if num_tokens < 1:
             raise ConfigError(f"{self.name} num_tokens must be >= 1, got {num_tokens}")
         if top_k < 1:
             raise ConfigError(f"{self.name} top_k must be >= 1, got {top_k}")
-        self.num_tokens, self.top_k = num_tokens, top_k
+        self.num_tokens, self.top_k, self.replacement = num_tokens, top_k, replacement
         self.draft: Transformer | None = None
         self.cache: KVCache | None = None
         self.fed: list[int] = []
@@ -147,12 +173,12 @@ class DraftModel:
         probs: list[Tensor] = []
         parent = -1  # the pending token, then each level's first sibling
         for level, width in enumerate(widths):
-            children, q = propose_children(logits, width, state.sampler)
-            parents += [parent] * width
+            children, q = propose_children(logits, width, state.sampler, self.replacement)
+            parents += [parent] * len(children)
             parent = len(tokens)
             tokens += children
             if q is not None:
-                probs.append(q.expand(width, -1))
+                probs.append(q)
             if level < len(widths) - 1:
                 self.fed.append(children[0])
                 logits = self.draft(torch.tensor([[children[0]]], device=device), cache=self.cache).logits[0]
