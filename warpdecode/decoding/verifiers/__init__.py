@@ -1,3 +1,3 @@
 """Verifiers: one module each, registered on import."""
 
-from warpdecode.decoding.verifiers import greedy_match, speculative_sampling, typical_acceptance  # noqa: F401
+from warpdecode.decoding.verifiers import greedy_match, spectr, speculative_sampling, typical_acceptance  # noqa: F401
