@@ -41,18 +41,27 @@ from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.transformer import Transformer
 
 
-def first_layers(target: Transformer, layers: int) -> Transformer:
-    """A backbone made of the target's first `layers` blocks, final norm and head (shared weights)."""
-    if not 1 <= layers < target.config.n_layer:
-        raise ConfigError(f"draft layers must be in [1, {target.config.n_layer - 1}], got {layers}")
+def layer_subset(target: Transformer, keep: list[int]) -> Transformer:
+    """A backbone made of the target's blocks `keep` (in order), final norm and head (shared weights):
+    the target with the other layers skipped."""
+    L = target.config.n_layer
+    if not keep or sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= L or len(keep) == L:
+        raise ConfigError(f"draft layers must be a strictly increasing proper subset of 0..{L - 1}, got {keep}")
     with torch.device("meta"):
-        view = Transformer(dataclasses.replace(target.config, n_layer=layers))
+        view = Transformer(dataclasses.replace(target.config, n_layer=len(keep)))
     view.embed, view.pos_embed, view.norm, view.lm_head = target.embed, target.pos_embed, target.norm, target.lm_head
-    view.blocks = nn.ModuleList(target.blocks[:layers])
+    view.blocks = nn.ModuleList(target.blocks[i] for i in keep)
     view._head_packed = target._head_packed
     if target.config.position == "rope":
         view.inv_freq = target.inv_freq
     return view.eval()
+
+
+def first_layers(target: Transformer, layers: int) -> Transformer:
+    """A backbone made of the target's first `layers` blocks, final norm and head (shared weights)."""
+    if not 1 <= layers < target.config.n_layer:
+        raise ConfigError(f"draft layers must be in [1, {target.config.n_layer - 1}], got {layers}")
+    return layer_subset(target, list(range(layers)))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
