@@ -1,3 +1,10 @@
 """Drafters: one module each, registered on import."""
 
-from warpdecode.decoding.drafters import draft_model, empty, int8_self, prompt_lookup, token_recycling  # noqa: F401
+from warpdecode.decoding.drafters import (  # noqa: F401
+    adaptive_ngram,
+    draft_model,
+    empty,
+    int8_self,
+    prompt_lookup,
+    token_recycling,
+)

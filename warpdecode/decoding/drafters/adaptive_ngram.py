@@ -1,0 +1,108 @@
+"""Adaptive n-gram drafting (ADED-style): a tri-gram table of the target's own predictions, a best-first tree.
+
+Like Token Recycling, every target forward is recycled: for each input token, the top-k next
+tokens and their probabilities are stored, keyed by the token and the one before it (a tri-gram
+table, as in ADED's tri-gram matrix that approximates the model's output distribution and is
+updated as decoding goes), with a per-token row as back-off. To draft, the tree is grown
+best-first: the node of highest estimated path probability (product of stored probabilities) is
+added next, until the node budget is spent, so budget goes where the table is confident (a
+DySpec-style dynamic tree). ADED's Monte-Carlo tree search is not implemented. The tables live as
+long as the drafter, across requests. Lossless with any lossless verifier.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import ClassVar
+
+import torch
+
+from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.registry import register
+from warpdecode.decoding.tree import DraftTree
+from warpdecode.errors import ConfigError
+from warpdecode.models.transformer import Transformer
+
+Candidates = tuple[list[int], list[float]]
+
+
+@register("drafter", "adaptive_ngram")
+class AdaptiveNgram:
+    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
+    needs_training: ClassVar[bool] = False
+
+    def __init__(self, top_k: int = 4, num_nodes: int = 8, max_depth: int = 8, max_entries: int = 500_000) -> None:
+        """Args:
+        top_k: candidates stored per context.
+        num_nodes: draft tree budget (nodes).
+        max_depth: deepest draft level.
+        max_entries: tri-gram contexts kept (least recently written ones are dropped first).
+        """
+        if min(top_k, num_nodes, max_depth, max_entries) < 1:
+            raise ConfigError(f"adaptive_ngram needs positive options, got top_k={top_k}, num_nodes={num_nodes}, "
+                              f"max_depth={max_depth}, max_entries={max_entries}")
+        self.top_k, self.num_nodes, self.max_depth, self.max_entries = top_k, num_nodes, max_depth, max_entries
+        self.trigrams: OrderedDict[tuple[int, int], Candidates] = OrderedDict()
+        self.unigrams: dict[int, Candidates] = {}
+        self.context: list[int] = []
+        """Token before each input token of the last target forward (its tri-gram context)."""
+
+    def prepare(self, target: Transformer) -> None:
+        pass
+
+    def start(self, state: DecodeState) -> None:
+        self.context = [state.tokens[state.prompt_len - 2] if state.prompt_len >= 2 else -1]
+        self.record(state)
+
+    def record(self, state: DecodeState) -> None:
+        """Store the top-k next tokens after every input token of the last target forward."""
+        if state.forward_tokens is None or state.forward_logits is None:
+            return
+        probs = torch.softmax(state.forward_logits.float(), dim=-1).topk(min(self.top_k, state.forward_logits.shape[-1]))
+        for prev, token, values, indices in zip(self.context, state.forward_tokens.tolist(), probs.values.tolist(),
+                                                probs.indices.tolist(), strict=True):
+            entry = (indices, values)
+            self.unigrams[token] = entry
+            self.trigrams[(prev, token)] = entry
+            self.trigrams.move_to_end((prev, token))
+        while len(self.trigrams) > self.max_entries:
+            self.trigrams.popitem(last=False)
+
+    def candidates(self, prev: int, token: int) -> Candidates | None:
+        return self.trigrams.get((prev, token)) or self.unigrams.get(token)
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        prev = state.tokens[-2] if len(state.tokens) >= 2 else -1
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        # (-path probability, tie-break, parent node, context token, token); parents pop before children
+        heap: list[tuple[float, int, int, int, int]] = []
+        counter = 0
+
+        def push_children(parent: int, prev_token: int, token: int, probability: float) -> None:
+            nonlocal counter
+            found = self.candidates(prev_token, token)
+            if found is None:
+                return
+            for child, p in zip(*found, strict=True):
+                counter += 1
+                heapq.heappush(heap, (-probability * p, counter, parent, token, child))
+
+        push_children(-1, prev, state.pending, 1.0)
+        limit = min(budget, self.num_nodes)
+        while heap and len(tokens) < limit:
+            negative, _, parent, context, token = heapq.heappop(heap)
+            depth = 1 if parent < 0 else depths[parent] + 1
+            if depth > self.max_depth:
+                continue
+            tokens.append(token)
+            parents.append(parent)
+            depths.append(depth)
+            push_children(len(tokens) - 1, context, token, -negative)
+        self.context = [prev] + [state.pending if p < 0 else tokens[p] for p in parents]
+        return DraftTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64))
+
+    def observe(self, state: DecodeState, result: AcceptResult) -> None:
+        self.record(state)
