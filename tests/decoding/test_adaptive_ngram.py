@@ -7,14 +7,15 @@ from warpdecode.decoding.drafters.adaptive_ngram import AdaptiveNgram
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import Transformer
 
 
-def state(tokens, forward_tokens=None, logits=None):
+def state(tokens, forward_tokens=None, logits=None, tree=None):
     return DecodeState(None, None, tokens, 1, Sampler(SamplingConfig()), {},
-                       None if forward_tokens is None else torch.tensor(forward_tokens), logits)
+                       None if forward_tokens is None else torch.tensor(forward_tokens), logits, tree)
 
 
 def test_tree_grows_best_first_from_the_trigram_table_with_unigram_backoff():
@@ -26,16 +27,17 @@ def test_tree_grows_best_first_from_the_trigram_table_with_unigram_backoff():
     # path probabilities: 5: .6, 5→7: .54, 6: .3, 6→9 and 6→5: .15, 5→8: .06
     assert tree.tokens.tolist() == [5, 7, 6, 9]
     assert tree.parents.tolist() == [-1, 0, -1, 2]
-    assert drafter.context == [1, 2, 5, 2, 6]  # the token before each forward input: pending, then nodes
+    verified = state([1, 2], forward_tokens=[2] + tree.tokens.tolist(), logits=torch.zeros(5, 10), tree=tree)
+    assert drafter.contexts(verified) == [1, 2, 5, 2, 6]  # the token before each forward input: pending, then nodes
     assert drafter.propose(state([1, 2]), budget=2).tokens.tolist() == [5, 7]
 
 
 def test_record_stores_each_forward_row_under_its_context():
     drafter = AdaptiveNgram(top_k=1)
-    drafter.context = [4, 2]
+    drafter.prev = 4
     logits = torch.full((2, 10), -9.0)
     logits[0, 3] = logits[1, 8] = 5.0
-    drafter.record(state([4, 2], forward_tokens=[2, 3], logits=logits))
+    drafter.record(state([4, 2], forward_tokens=[2, 3], logits=logits, tree=DraftTree.chain([3])))
     assert drafter.trigrams[(4, 2)][0] == [3] and drafter.trigrams[(2, 3)][0] == [8]
     assert drafter.unigrams[3][0] == [8]
 
@@ -43,7 +45,7 @@ def test_record_stores_each_forward_row_under_its_context():
 def test_table_is_bounded():
     drafter = AdaptiveNgram(top_k=1, max_entries=2)
     for i in range(4):
-        drafter.context = [i]
+        drafter.prev = i
         drafter.record(state([0], forward_tokens=[i + 10], logits=torch.randn(1, 20)))
     assert list(drafter.trigrams) == [(2, 12), (3, 13)]
 

@@ -167,9 +167,9 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
                                                ("draft_model", TREE_OPTIONS), ("prompt_lookup", {}),
                                                ("draft_model", TREE_OPTIONS | {"replacement": False}),
                                                ("token_recycling", {"num_nodes": 2}), ("int8_self", {"num_tokens": 2}),
-                                               ("adaptive_ngram", {"num_nodes": 2})],
+                                               ("adaptive_ngram", {"num_nodes": 2}), ("fused", {"num_nodes": 2})],
                          ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
-                              "token_recycling", "int8_self", "adaptive_ngram"])
+                              "token_recycling", "int8_self", "adaptive_ngram", "fused"])
 def test_engine_sampling_matches_target_distribution(name, options, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""

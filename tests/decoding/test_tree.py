@@ -47,3 +47,13 @@ def test_rejects_non_topological_order():
 def test_rejects_misshaped_draft_probs():
     with pytest.raises(ValueError, match="one row per node"):
         DraftTree.chain([1, 2], torch.zeros(3, 8))
+
+
+def test_fuse_shares_common_prefixes_and_respects_the_budget():
+    a, b = DraftTree.chain([1, 2, 3]), DraftTree.chain([1, 4])
+    fused = DraftTree.fuse([a, b], budget=10)
+    assert fused.tokens.tolist() == [1, 2, 3, 4] and fused.parents.tolist() == [-1, 0, 1, 0]
+    assert DraftTree.fuse([a, b], budget=3).tokens.tolist() == [1, 2, 3]
+    assert DraftTree.fuse([DraftTree.empty(), TREE], budget=10).path_tokens() == TREE.path_tokens()
+    with pytest.raises(ValueError, match="deterministic"):
+        DraftTree.fuse([DraftTree.chain([1], torch.ones(1, 4) / 4)], budget=4)

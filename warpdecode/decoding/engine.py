@@ -89,7 +89,7 @@ def run(
         kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
         cache.commit(tree_start, torch.tensor([kept]), torch.tensor([len(kept)]))
         state.hidden_states = {k: v[0, kept] for k, v in out.hidden_states.items()}
-        state.forward_tokens, state.forward_logits = tokens[0], out.logits[0]
+        state.forward_tokens, state.forward_logits, state.forward_tree = tokens[0], out.logits[0], tree
         t2 = time.perf_counter()
 
         emitted = result.tokens

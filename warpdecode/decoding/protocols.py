@@ -37,6 +37,8 @@ class DecodeState:
     `[pending] + tree` after a verify forward, the last prompt token after the prefill."""
     forward_logits: Tensor | None = None
     """(T, V) raw target logits after each of `forward_tokens` (accepted or not)."""
+    forward_tree: DraftTree | None = None
+    """The tree verified by the last forward (`forward_tokens` = `[pending] + tree.tokens`)."""
 
     @property
     def pending(self) -> int:

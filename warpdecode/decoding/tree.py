@@ -69,6 +69,28 @@ class DraftTree:
             out.setdefault(parent, []).append(child)
         return out
 
+    @classmethod
+    def fuse(cls, trees: list[DraftTree], budget: int) -> DraftTree:
+        """One tree holding every root-to-node path of `trees` once (tree fusion by longest common
+        prefix), earlier trees first, at most `budget` nodes. Deterministic trees only.
+
+        Example: chains [a, b, c] and [a, d] fuse into a → (b → c, d): 4 nodes, not 5.
+        """
+        if any(t.draft_probs is not None for t in trees):
+            raise ValueError("only deterministic draft trees (draft_probs None) can be fused")
+        index: dict[tuple[int, ...], int] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        for tree in trees:
+            for path in tree.path_tokens():
+                if len(tokens) >= budget:
+                    break
+                if path not in index and (len(path) == 1 or path[:-1] in index):
+                    index[path] = len(tokens)
+                    tokens.append(path[-1])
+                    parents.append(index[path[:-1]] if len(path) > 1 else -1)
+        return cls(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64))
+
     def path_tokens(self) -> list[tuple[int, ...]]:
         """Each node's tokens from depth 1 down to the node itself (N entries).
 

@@ -45,22 +45,32 @@ class AdaptiveNgram:
         self.top_k, self.num_nodes, self.max_depth, self.max_entries = top_k, num_nodes, max_depth, max_entries
         self.trigrams: OrderedDict[tuple[int, int], Candidates] = OrderedDict()
         self.unigrams: dict[int, Candidates] = {}
-        self.context: list[int] = []
-        """Token before each input token of the last target forward (its tri-gram context)."""
+        self.prev = -1
+        """The token before the pending one when the last draft was proposed."""
 
     def prepare(self, target: Transformer) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:
-        self.context = [state.tokens[state.prompt_len - 2] if state.prompt_len >= 2 else -1]
+        self.prev = state.tokens[state.prompt_len - 2] if state.prompt_len >= 2 else -1
         self.record(state)
+
+    def contexts(self, state: DecodeState) -> list[int]:
+        """The token before each input token of the last target forward (its tri-gram context)."""
+        assert state.forward_tokens is not None
+        tree = state.forward_tree
+        if tree is None:
+            return [self.prev]
+        pending = int(state.forward_tokens[0])
+        tokens = tree.tokens.tolist()
+        return [self.prev] + [pending if p < 0 else tokens[p] for p in tree.parents.tolist()]
 
     def record(self, state: DecodeState) -> None:
         """Store the top-k next tokens after every input token of the last target forward."""
         if state.forward_tokens is None or state.forward_logits is None:
             return
         probs = torch.softmax(state.forward_logits.float(), dim=-1).topk(min(self.top_k, state.forward_logits.shape[-1]))
-        for prev, token, values, indices in zip(self.context, state.forward_tokens.tolist(), probs.values.tolist(),
+        for prev, token, values, indices in zip(self.contexts(state), state.forward_tokens.tolist(), probs.values.tolist(),
                                                 probs.indices.tolist(), strict=True):
             entry = (indices, values)
             self.unigrams[token] = entry
@@ -101,7 +111,7 @@ class AdaptiveNgram:
             parents.append(parent)
             depths.append(depth)
             push_children(len(tokens) - 1, context, token, -negative)
-        self.context = [prev] + [state.pending if p < 0 else tokens[p] for p in parents]
+        self.prev = prev
         return DraftTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64))
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
