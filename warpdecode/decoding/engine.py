@@ -55,7 +55,9 @@ def run(
     start = time.perf_counter()
     out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,
                  logits_slice=slice(-1, None))
-    logits = sampler.penalize(out.logits[:, -1], TokenHistory.single(prompt_ids, len(prompt_ids)))  # (1, V)
+    logits = out.logits[:, -1]  # (1, V)
+    if sampler.penalties:
+        logits = sampler.penalize(logits, TokenHistory.single(prompt_ids, len(prompt_ids)))
     pending = int(sampler.select(logits)[0])
     stats.time_to_first_token = time.perf_counter() - start
     new = [pending]

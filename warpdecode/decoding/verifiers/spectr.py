@@ -26,7 +26,7 @@ from warpdecode.decoding.protocols import AcceptResult
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.decoding.verifiers.speculative_sampling import residual
+from warpdecode.decoding.verifiers.speculative_sampling import reject_siblings
 
 BISECTION_STEPS = 40
 
@@ -90,17 +90,7 @@ def spectr_accept(tree: DraftTree, target_probs: Tensor, uniforms: Tensor, gener
             if accepted is None:
                 p = kseq_residual(p, q, rho, k)
         else:  # SpecInfer's recursive rejection over arbitrary siblings
-            for child in kids:
-                x = tokens[child]
-                qrow = tree.draft_probs[child] if tree.draft_probs is not None else None
-                qx = float(qrow[x]) if qrow is not None else 1.0
-                if float(uniforms[child]) * qx < float(p[x]):
-                    accepted = child
-                    break
-                if qrow is None:
-                    qrow = torch.zeros_like(p)
-                    qrow[x] = 1.0
-                p = residual(p, qrow)
+            accepted, p = reject_siblings(p, kids, tree, tokens, uniforms)
         if accepted is None:
             return AcceptResult.from_path(tree, path, int(torch.multinomial(p, 1, generator=generator)))
         path.append(accepted)

@@ -32,6 +32,30 @@ def residual(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
     return r / total if total > 0 else target_probs
 
 
+def reject_siblings(p: Tensor, siblings: list[int], tree: DraftTree, tokens: list[int], uniforms: Tensor) -> tuple[int | None, Tensor]:
+    """SpecInfer's recursive rejection over one node's children, tried in order.
+
+    Args:
+        p: (V,) target distribution after the node.
+        siblings: the node's children; `tokens` are the tree's tokens as a list.
+        uniforms: (N,) acceptance draws, indexed by node.
+    Returns:
+        The accepted child (None if all were rejected) and the distribution left: p itself after an
+        acceptance, the residual after the last rejection otherwise.
+    """
+    for child in siblings:
+        x = tokens[child]
+        q = tree.draft_probs[child] if tree.draft_probs is not None else None
+        qx = float(q[x]) if q is not None else 1.0
+        if float(uniforms[child]) * qx < float(p[x]):  # u < p(x) / q(x), without dividing by zero
+            return child, p
+        if q is None:
+            q = torch.zeros_like(p)
+            q[x] = 1.0
+        p = residual(p, q)
+    return None, p
+
+
 def speculative_accept(
     tree: DraftTree, target_probs: Tensor, uniforms: Tensor, generator: torch.Generator | None
 ) -> AcceptResult:
@@ -48,19 +72,7 @@ def speculative_accept(
     path: list[int] = []
     node = -1
     while True:
-        p = target_probs[node + 1]
-        accepted = None
-        for child in children.get(node, []):
-            x = tokens[child]
-            q = tree.draft_probs[child] if tree.draft_probs is not None else None
-            qx = float(q[x]) if q is not None else 1.0
-            if float(uniforms[child]) * qx < float(p[x]):  # u < p(x) / q(x), without dividing by zero
-                accepted = child
-                break
-            if q is None:
-                q = torch.zeros_like(p)
-                q[x] = 1.0
-            p = residual(p, q)
+        accepted, p = reject_siblings(target_probs[node + 1], children.get(node, []), tree, tokens, uniforms)
         if accepted is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
             return AcceptResult.from_path(tree, path, bonus)
