@@ -8,6 +8,7 @@ add them to OPTIONS (a test fails until it does).
 
 import pytest
 import torch
+from tiny_models import greedy_target, tiny_vocab_target, tv
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.drafters.draft_model import without_replacement
@@ -16,8 +17,6 @@ from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.verifiers import speculative_sampling
 from warpdecode.decoding.verifiers.speculative_sampling import speculative_accept
-from warpdecode.models.config import ModelConfig
-from warpdecode.models.transformer import Transformer
 
 OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}}
 TREE_OPTIONS = {"layers": 1, "num_tokens": 2, "top_k": 2}  # draft_model's top-k tree mode
@@ -30,11 +29,7 @@ def drafter_options(name):
 
 @pytest.fixture(scope="module")
 def target():
-    config = ModelConfig(vocab_size=64, n_layer=3, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=256)
-    torch.manual_seed(1)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    return model.eval()
+    return greedy_target()
 
 
 def naive_greedy(model, ids, n):
@@ -83,11 +78,6 @@ def test_prompt_lookup_accepts_on_repetitive_text(target, single_thread):
                    method=build_method("prompt_lookup"))
     assert out.stats.target_forwards < 23  # fewer target forwards than tokens
     assert out.stats.tau > 1.0
-
-
-def tv(samples, probs):
-    freq = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double() / len(samples)
-    return 0.5 * (freq - probs.double()).abs().sum().item()
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree_iid", "tree_without_replacement", "tree_deterministic"])
@@ -163,23 +153,24 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
     assert tv(first, p[0]) > 0.03
 
 
-@pytest.mark.parametrize(("name", "options"), [("draft_model", OPTIONS["draft_model"]),
-                                               ("draft_model", TREE_OPTIONS), ("prompt_lookup", {}),
-                                               ("draft_model", TREE_OPTIONS | {"replacement": False}),
-                                               ("token_recycling", {"num_nodes": 2}), ("int8_self", {"num_tokens": 2}),
-                                               ("adaptive_ngram", {"num_nodes": 2}), ("fused", {"num_nodes": 2})],
-                         ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
-                              "token_recycling", "int8_self", "adaptive_ngram", "fused"])
-def test_engine_sampling_matches_target_distribution(name, options, single_thread):
+@pytest.mark.parametrize(("name", "options", "verifier"), [
+    ("draft_model", OPTIONS["draft_model"], None),
+    ("draft_model", TREE_OPTIONS, None),
+    ("prompt_lookup", {}, None),
+    ("draft_model", TREE_OPTIONS | {"replacement": False}, None),
+    ("draft_model", TREE_OPTIONS, "spectr"),
+    ("token_recycling", {"num_nodes": 2}, None),
+    ("int8_self", {"num_tokens": 2}, None),
+    ("adaptive_ngram", {"num_nodes": 2}, None),
+    ("fused", {"num_nodes": 2}, None),
+], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
+        "draft_model-tree-spectr", "token_recycling", "int8_self", "adaptive_ngram", "fused"])
+def test_engine_sampling_matches_target_distribution(name, options, verifier, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""
-    config = ModelConfig(vocab_size=8, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=32)
-    torch.manual_seed(3)
-    model = Transformer(config)
-    model.init_weights(std=0.8)
-    model.eval()
+    model = tiny_vocab_target()
     prompt = [1, 2, 1, 2, 1]
-    method = build_method(name, do_sample=True, options=options)
+    method = build_method(name, do_sample=True, options=options, verifier=verifier)
     pairs = []
     for seed in range(3000):
         # 4 new tokens leave the first verify step a budget of 4 - 2 = 2 draft nodes (2 would leave none)

@@ -6,11 +6,10 @@ verifier that penalised every row with the committed tokens only would diverge o
 
 import pytest
 import torch
+from tiny_models import greedy_target
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.models.config import ModelConfig
-from warpdecode.models.transformer import Transformer
 
 OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}}
 PENALTIES = [
@@ -21,11 +20,7 @@ PENALTIES = [
 
 @pytest.fixture(scope="module")
 def target():
-    config = ModelConfig(vocab_size=64, n_layer=3, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=256)
-    torch.manual_seed(1)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    return model.eval()
+    return greedy_target()
 
 
 def naive_penalized_greedy(model, ids, n, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0):
