@@ -103,7 +103,7 @@ def step_generate_tiny(model_dir: Path) -> str:
     return out.text
 
 
-BENCH_METHODS = "none,prompt_lookup,token_recycling,fused,int8_self,draft_model:layers=10"
+BENCH_METHODS = "none,prompt_lookup,token_recycling,fused,int4_self,draft_model:layers=10"
 BENCH_CATEGORIES = "summarization,rag,translation,coding"
 
 

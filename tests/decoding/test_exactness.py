@@ -160,11 +160,11 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
     ("draft_model", TREE_OPTIONS | {"replacement": False}, None),
     ("draft_model", TREE_OPTIONS, "spectr"),
     ("token_recycling", {"num_nodes": 2}, None),
-    ("int8_self", {"num_tokens": 2}, None),
+    ("int4_self", {"num_tokens": 2}, None),
     ("adaptive_ngram", {"num_nodes": 2}, None),
     ("fused", {"num_nodes": 2}, None),
 ], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
-        "draft_model-tree-spectr", "token_recycling", "int8_self", "adaptive_ngram", "fused"])
+        "draft_model-tree-spectr", "token_recycling", "int4_self", "adaptive_ngram", "fused"])
 def test_engine_sampling_matches_target_distribution(name, options, verifier, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""

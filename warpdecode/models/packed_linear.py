@@ -79,16 +79,16 @@ def linear(x: Tensor, weight: Tensor, packed: PackedWeight | None) -> Tensor:
     return F.linear(x, weight)
 
 
-class Int8Matmul(Protocol):
+class QuantizedMatmul(Protocol):
     def __call__(self, x: Tensor) -> Tensor: ...
 
 
 class Linear(nn.Linear):
     """`nn.Linear` (same parameters and state-dict keys) that can hold a packed copy of its weight,
-    or, in an inference-only int8 copy of a model (`models.int8`), run int8 weights instead."""
+    or, in an inference-only quantised copy of a model (`models.quantized`), run its quantised weights instead."""
 
     packed: PackedWeight | None = None
-    int8: Int8Matmul | None = None
+    quantized: QuantizedMatmul | None = None
 
     def pack(self) -> bool:
         """Make or refresh the packed copy; False where packing is unavailable."""
@@ -100,8 +100,8 @@ class Linear(nn.Linear):
         self.packed = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.int8 is not None:
-            return self.int8(x)
+        if self.quantized is not None:
+            return self.quantized(x)
         if self.packed is not None and self.packed.usable(x, (self.weight,)):
             return self.packed(x)
         return F.linear(x, self.weight, self.bias)
@@ -118,7 +118,7 @@ class FusedLinear:
         self.layers = tuple(layers)
         self.sizes = [layer.out_features for layer in self.layers]
         self.packed: PackedWeight | None = None
-        self.int8: Int8Matmul | None = None  # the stacked int8 weight of an int8 copy (`models.int8`)
+        self.quantized: QuantizedMatmul | None = None  # the stacked weight of a quantised copy (`models.quantized`)
 
     def _weights(self) -> tuple[Tensor, ...]:
         return tuple(layer.weight for layer in self.layers)
@@ -133,8 +133,8 @@ class FusedLinear:
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
         """(..., in) → one (..., out_i) tensor per layer."""
-        if self.int8 is not None:
-            return tuple(self.int8(x).split(self.sizes, dim=-1))
+        if self.quantized is not None:
+            return tuple(self.quantized(x).split(self.sizes, dim=-1))
         if self.packed is not None and self.packed.usable(x, self._weights()):
             return tuple(self.packed(x).split(self.sizes, dim=-1))
         return tuple(layer(x) for layer in self.layers)

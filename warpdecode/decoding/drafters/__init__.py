@@ -5,7 +5,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     draft_model,
     empty,
     fused,
-    int8_self,
     prompt_lookup,
+    quantized_self,
     token_recycling,
 )

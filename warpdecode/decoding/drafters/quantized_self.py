@@ -1,16 +1,17 @@
-"""Int8 self-speculation: the target, quantised to int8 weights, drafts for its fp32 self.
+"""Quantised self-speculation: the target's own int4 or int8 weight-only copy drafts for its fp32 self.
 
 A quantised copy agrees with the full-precision model on most tokens, and a decode step of the
-int8 copy reads a quarter of the weight bytes, so on a memory-bound CPU it drafts a chain (or a
-top-k tree) at a fraction of a target step. The fp32 target verifies, so the output is exactly the
-target's. No training, no second model to ship; the copy's int8 weights cost ~1/4 of the fp32
-linear weights in memory (embeddings and norms are shared with the target); built once per target. Drafting is the draft model's
-(`draft_model.py`); optionally only the first `layers` blocks are kept (layer skip).
+copy reads an eighth (int4) or a quarter (int8) of the weight bytes, so on a memory-bound CPU it
+drafts a chain (or a top-k tree) at a fraction of a target step. The fp32 target verifies, so the
+output is exactly the target's. No training, no second model to ship; the copy's weights cost 1/8
+or 1/4 of the fp32 linear weights in memory plus an int8 LM head (embeddings and norms are shared
+with the target); built once per target. Drafting is the draft model's (`draft_model.py`);
+optionally only the first `layers` blocks are kept (layer skip).
 
 Because the draft has the target's architecture, its KV cache is copied from the target's
-instead of being computed: the draft never prefills the prompt, and every
-committed position holds the target's exact keys and values, which raises acceptance. Only the
-pending token and the draft's own proposals run through the int8 copy.
+instead of being computed: the draft never prefills the prompt, and every committed position
+holds the target's exact keys and values, which raises acceptance. Only the pending token and the
+draft's own proposals run through the quantised copy.
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.cache import KVCache
-from warpdecode.models.int8 import int8_copy
+from warpdecode.models.quantized import Bits, quantized_copy
 from warpdecode.models.transformer import Transformer
 
 
-@register("drafter", "int8_self")
-class Int8SelfDraft(DraftModel):
-    name: ClassVar[str] = "int8_self"
+class QuantizedSelfDraft(DraftModel):
+    bits: ClassVar[Bits]
 
     def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None) -> None:
         """Args:
         num_tokens: draft depth per step (the chain length when `top_k=1`).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
-        layers: keep only the target's first `layers` blocks in the int8 draft (default: all).
+        layers: keep only the target's first `layers` blocks in the quantised draft (default: all).
         """
         self.model_source, self.layers = None, None
         self.init_drafting(num_tokens, top_k)
@@ -48,7 +48,7 @@ class Int8SelfDraft(DraftModel):
     def prepare(self, target: Transformer) -> None:
         if self.draft is None or self.source is not target:
             source = target if self.keep_layers is None else first_layers(target, self.keep_layers)
-            self.draft = int8_copy(source)
+            self.draft = quantized_copy(source, self.bits)
             self.source = target
 
     def start(self, state: DecodeState) -> None:
@@ -70,3 +70,19 @@ class Int8SelfDraft(DraftModel):
         self.cache.lengths = torch.tensor([committed])
         self.synced = committed
         self.fed = []
+
+
+@register("drafter", "int8_self")
+class Int8SelfDraft(QuantizedSelfDraft):
+    """Per-channel int8 weights in every linear layer."""
+
+    name: ClassVar[str] = "int8_self"
+    bits: ClassVar[Bits] = 8
+
+
+@register("drafter", "int4_self")
+class Int4SelfDraft(QuantizedSelfDraft):
+    """Group-wise int4 weights (groups of 32) in the blocks, int8 in the LM head."""
+
+    name: ClassVar[str] = "int4_self"
+    bits: ClassVar[Bits] = 4

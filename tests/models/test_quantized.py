@@ -1,0 +1,96 @@
+"""Weight-only quantised copies: each kernel against an independent dequantised reference, the copy against the model."""
+
+import pytest
+import torch
+
+from warpdecode.errors import CapabilityError
+from warpdecode.models.cache import KVCache
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.quantized import Int4Weight, Int8Weight, quantized_available, quantized_copy
+from warpdecode.models.transformer import Transformer
+
+needs_int8 = pytest.mark.skipif(not quantized_available(8), reason="no CPU int8 weight-only matmul in this torch build")
+needs_int4 = pytest.mark.skipif(not quantized_available(4), reason="no CPU int4 weight-only matmul in this torch build")
+
+
+@needs_int8
+@pytest.mark.parametrize("width", [32, 8, 40])  # the kernel itself needs multiples of 16
+def test_int8_matmul_matches_its_dequantised_weight(width):
+    weight = torch.randn(24, width)
+    q = Int8Weight.of(weight, torch.randn(24))
+    assert q.qweight.dtype == torch.int8 and q.scales.shape == (24,) and q.qweight.shape[1] % 16 == 0
+    assert (q.dequantized() - weight).abs().max() <= q.scales.float().max()  # a step at most (bf16 scales)
+    x = torch.randn(2, 3, width)
+    reference = x @ q.dequantized().T + q.bias.float()
+    torch.testing.assert_close(q(x).float(), reference, atol=0.05, rtol=0.02)  # bf16 activations
+
+
+def q4_1_weight(out_features: int, in_features: int) -> torch.Tensor:
+    """A weight exactly representable as Q4_1 blocks of 32 inputs: `d * q + m`, each block using 0 and 15."""
+    blocks = in_features // 32
+    q = torch.randint(0, 16, (out_features, blocks, 32))
+    q[:, :, 0], q[:, :, 1] = 0, 15
+    d = torch.rand(out_features, blocks, 1) * 0.05 + 0.01
+    m = -torch.rand(out_features, blocks, 1) * 0.3
+    return (d * q + m).view(out_features, in_features)
+
+
+@needs_int4
+def test_int4_recovers_q4_1_weights():
+    """A Q4_1 checkpoint's weights come back up to the bf16 rounding of scale and zero."""
+    weight = q4_1_weight(48, 64)
+    q = Int4Weight.of(weight)
+    x = torch.randn(5, 64)
+    got = q(x)
+    # bf16 activations times the exact weight: the only error left is the bf16 scales/zeros.
+    reference = x.bfloat16().float() @ weight.T
+    assert (got - reference).abs().max() < 0.02 * reference.abs().max()
+
+
+@needs_int4
+@pytest.mark.parametrize("shape", [(24, 40), (16, 32), (7, 70)])  # padded in both dimensions where needed
+def test_int4_matmul_matches_groupwise_reference(shape):
+    out_features, in_features = shape
+    weight = torch.randn(out_features, in_features)
+    q = Int4Weight.of(weight, torch.randn(out_features))
+    x = torch.randn(2, 3, in_features)
+    got = q(x)
+    assert got.shape == (2, 3, out_features) and got.dtype == torch.float32
+    padded = torch.nn.functional.pad(weight, (0, -in_features % 32)).view(out_features, -1, 32)
+    low, high = padded.amin(-1, keepdim=True), padded.amax(-1, keepdim=True)
+    scale = (high - low) / 15
+    dequantized = (((padded - low) / scale).round() * scale + low).view(out_features, -1)[:, :in_features]
+    assert (dequantized - weight).abs().max() <= scale.max() / 2 + 1e-6
+    reference = x @ dequantized.T + q.bias.float()
+    torch.testing.assert_close(got, reference, atol=0.1, rtol=0.03)  # bf16 activations, scales and zeros
+
+
+@pytest.mark.parametrize("bits", [8, pytest.param(4, marks=needs_int4)])
+@pytest.mark.parametrize("tied", [True, False])
+@needs_int8
+def test_quantized_copy_follows_the_model_and_leaves_it_unchanged(tied, bits):
+    config = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
+                         tie_embeddings=tied)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    model.init_weights()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    draft = quantized_copy(model, bits)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert isinstance(draft.lm_head.quantized, Int8Weight)  # the head stays int8 at any bit width
+    assert isinstance(draft.blocks[0].attn.qkv.quantized, Int8Weight if bits == 8 else Int4Weight)
+    assert isinstance(draft.blocks[0].mlp.down_proj.quantized, Int8Weight if bits == 8 else Int4Weight)
+    tokens = torch.randint(0, 50, (1, 12))
+    with torch.inference_mode():
+        ref = model(tokens).logits
+        cache = KVCache.for_model(draft.config, 1, 16)
+        got = torch.cat([draft(tokens[:, :8], cache=cache).logits, draft(tokens[:, 8:], cache=cache).logits], 1)
+    assert got.shape == ref.shape
+    assert (got.float() - ref).abs().max() < 0.15 * ref.abs().max()
+    assert (got.float().argmax(-1) == ref.argmax(-1)).float().mean() > 0.7
+
+
+def test_quantized_copy_rejects_unsupported_bits():
+    model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, d_ff=64, max_seq_len=32))
+    with pytest.raises(CapabilityError, match="bits=4 or bits=8"):
+        quantized_copy(model, 3)  # type: ignore[arg-type]
