@@ -5,6 +5,7 @@
 | `spec_bench` | first turn of each Spec-Bench question, chat template applied | the file's `category` field |
 | `humaneval` | HumanEval `prompt` as raw code completion (no chat template) | `humaneval` |
 | `stdlib_code` | the first lines of functions from held-out standard-library files, raw completion | `stdlib_code` |
+| `edit` | GSM8K test questions with seeded spelling mistakes, to be corrected (an input-grounded task), chat template applied | `spelling_correction` |
 
 `WARPDECODE_DATASETS` defaults to `<repo>/../shared/datasets`. `stdlib_code` reads only files of the
 `test` split of `CorpusDataModule(source="stdlib")` (same hash rule, same default fractions), so no
@@ -17,6 +18,8 @@ import ast
 import gzip
 import json
 import os
+import random
+import re
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -151,3 +154,37 @@ def stdlib_code() -> list[BenchPrompt]:
                        key=lambda p: int(p.id.split(":")[-2]))
                 for key, path in held_out_stdlib_files()]
     return [p for group in zip_longest(*per_file) for p in group if p is not None]
+
+
+EDIT_INSTRUCTION = "Correct the spelling mistakes in the following text. Reply with the corrected text only.\n\n"
+EDIT_TYPO_RATE = 0.15
+"""Share of words of 4+ letters that get two adjacent inner letters swapped."""
+
+
+def with_typos(text: str, seed: int, rate: float = EDIT_TYPO_RATE) -> str:
+    """`text` with two adjacent inner letters swapped in about `rate` of its words of 4+ letters;
+    deterministic in `seed`. Example: "question" may become "quesiton"."""
+    rng = random.Random(seed)
+
+    def swap(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if rng.random() >= rate:
+            return word
+        i = rng.randrange(1, len(word) - 2)
+        return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
+
+    return re.sub(r"[A-Za-z]{4,}", swap, text)
+
+
+@prompt_set("edit")
+def edit() -> list[BenchPrompt]:
+    """Spelling correction of GSM8K test questions (real text; only the questions, never the
+    answers, and only as evaluation prompts): the answer is nearly a copy of the input."""
+    path = dataset_file("gsm8k/test.jsonl")
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for index, line in enumerate(line for line in f if line.strip()):
+            question = json.loads(line)["question"]
+            prompts.append(BenchPrompt(f"edit/gsm8k-test-{index}", "spelling_correction",
+                                       EDIT_INSTRUCTION + with_typos(question, seed=index), None))
+    return prompts
