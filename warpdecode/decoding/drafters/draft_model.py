@@ -21,6 +21,10 @@ the first i siblings, renormalised (recursive speculative decoding: the same rec
 verifier stays lossless, and no draft is wasted on a duplicate).
 The draft runs one forward per level, over the expanded node only, so its cache holds one chain;
 `top_k=1` is the plain chain.
+
+With `num_nodes` set (greedy decoding only) the shape is not fixed: a DySpec dynamic tree of
+`num_nodes` nodes grows where the draft is most confident (`dynamic_tree.py`), with the same
+number of draft forwards as a chain of `num_tokens` and `top_k` candidates per expanded node.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from warpdecode.decoding.drafters.dynamic_tree import grow_dynamic_tree
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
@@ -114,7 +119,7 @@ class DraftModel:
     name: ClassVar[str] = "draft_model"
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
-                 top_k: int = 1, replacement: bool = True) -> None:
+                 top_k: int = 1, replacement: bool = True, num_nodes: int | None = None) -> None:
         """Args:
         model: a draft model directory or name sharing the target's tokenizer.
         layers: instead of `model`, draft with the target's first `layers` blocks (no training).
@@ -122,19 +127,22 @@ class DraftModel:
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         replacement: when sampling, draw siblings independently (SpecInfer); false: distinct siblings
             drawn without replacement (recursive speculative decoding). Greedy trees are top-k either way.
+        num_nodes: grow a dynamic tree of this many nodes instead (DySpec; greedy decoding only).
         """
         if (model is None) == (layers is None):
             raise ConfigError("draft_model needs exactly one of model= (a draft model) or layers= (target layers)")
         self.model_source, self.layers = model, layers
-        self.init_drafting(num_tokens, top_k, replacement)
+        self.init_drafting(num_tokens, top_k, replacement, num_nodes)
 
-    def init_drafting(self, num_tokens: int, top_k: int, replacement: bool = True) -> None:
+    def init_drafting(self, num_tokens: int, top_k: int, replacement: bool = True, num_nodes: int | None = None) -> None:
         """Validate and set the draft shape; the draft itself is set by `prepare`."""
         if num_tokens < 1:
             raise ConfigError(f"{self.name} num_tokens must be >= 1, got {num_tokens}")
         if top_k < 1:
             raise ConfigError(f"{self.name} top_k must be >= 1, got {top_k}")
-        self.num_tokens, self.top_k, self.replacement = num_tokens, top_k, replacement
+        if num_nodes is not None and num_nodes < 1:
+            raise ConfigError(f"{self.name} num_nodes must be >= 1, got {num_nodes}")
+        self.num_tokens, self.top_k, self.replacement, self.num_nodes = num_tokens, top_k, replacement, num_nodes
         self.draft: Transformer | None = None
         self.cache: KVCache | None = None
         self.fed: list[int] = []
@@ -157,6 +165,9 @@ class DraftModel:
 
     def start(self, state: DecodeState) -> None:
         assert self.draft is not None, "prepare() must run first"
+        if self.num_nodes is not None and state.sampler.config.do_sample:
+            raise ConfigError(f"{self.name} num_nodes (a dynamic tree) verifies greedily only; when sampling, "
+                              "use the fixed top_k trees")
         device = state.target.embed.weight.device
         self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len, dtype=self.draft.embed.weight.dtype,
                                        device=device)
@@ -168,15 +179,35 @@ class DraftModel:
         full, rest = divmod(min(budget, self.top_k * self.num_tokens), self.top_k)
         return [self.top_k] * full + ([rest] if rest else [])
 
+    def run_draft(self, tokens: list[int]) -> Tensor:
+        """Feed `tokens` to the draft after its cached positions; (1, V) logits after the last one."""
+        assert self.draft is not None and self.cache is not None
+        inputs = torch.tensor([tokens], device=self.draft.embed.weight.device)
+        return self.draft(inputs, cache=self.cache, logits_slice=slice(-1, None)).logits[0]
+
+    def expand(self, path: list[int]) -> Tensor:
+        """(V,) draft logits after `path` (draft tokens below the pending token): the cache keeps
+        the drafted prefix it shares with `path` and runs the rest."""
+        assert self.cache is not None
+        committed = int(self.cache.lengths[0]) - len(self.fed)
+        shared = min(common_prefix(self.fed, path), len(path) - 1)
+        self.cache.truncate(committed + shared)
+        self.fed = list(path)
+        return self.run_draft(path[shared:])[0]
+
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.draft is not None and self.cache is not None, "start() must run first"
+        unseen = state.tokens[int(self.cache.lengths[0]) :]  # committed tokens the draft has not run, pending last
+        if self.num_nodes is not None:
+            if budget < 1:
+                return DraftTree.empty()
+            return grow_dynamic_tree(self.run_draft(unseen)[0], self.expand, min(self.num_nodes, budget),
+                                     self.num_tokens - 1, self.top_k)
         widths = self.level_widths(budget)
         if not widths:
             return DraftTree.empty()
-        device = self.draft.embed.weight.device
-        unseen = state.tokens[int(self.cache.lengths[0]) :]  # committed tokens the draft has not run, pending last
-        logits = self.draft(torch.tensor([unseen], device=device), cache=self.cache, logits_slice=slice(-1, None)).logits[0]
+        logits = self.run_draft(unseen)
         tokens: list[int] = []
         parents: list[int] = []
         probs: list[Tensor] = []
@@ -190,7 +221,7 @@ class DraftModel:
                 probs.append(q)
             if level < len(widths) - 1:
                 self.fed.append(children[0])
-                logits = self.draft(torch.tensor([[children[0]]], device=device), cache=self.cache).logits[0]
+                logits = self.run_draft([children[0]])
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.cat(probs) if probs else None)
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:

@@ -32,14 +32,16 @@ from warpdecode.models.transformer import Transformer
 class QuantizedSelfDraft(DraftModel):
     bits: ClassVar[Bits]
 
-    def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None) -> None:
+    def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None,
+                 num_nodes: int | None = None) -> None:
         """Args:
         num_tokens: draft depth per step (the chain length when `top_k=1`).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         layers: keep only the target's first `layers` blocks in the quantised draft (default: all).
+        num_nodes: grow a dynamic tree of this many nodes instead (DySpec; greedy decoding only).
         """
         self.model_source, self.layers = None, None
-        self.init_drafting(num_tokens, top_k)
+        self.init_drafting(num_tokens, top_k, num_nodes=num_nodes)
         self.keep_layers = layers
         self.source: Transformer | None = None
         self.synced = 0
