@@ -6,6 +6,7 @@ A new drafter is picked up from the registry automatically; one that needs const
 add them to OPTIONS (a test fails until it does).
 """
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import greedy_target, tiny_vocab_target, tv
@@ -25,6 +26,17 @@ DRAFTERS = registry.names("drafter")
 
 def drafter_options(name):
     return OPTIONS.get(name, {})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def retrieval_corpus(tmp_path_factory):
+    """A token-id corpus for the retrieval drafter: the prompts' patterns among random ids."""
+    path = tmp_path_factory.mktemp("retrieval") / "corpus.npy"
+    rng = np.random.default_rng(0)
+    np.save(path, np.concatenate([rng.integers(0, 64, 300)] + [np.array(p * 3) for p in PROMPTS]))
+    OPTIONS["retrieval"] = {"corpus": str(path)}
+    yield
+    del OPTIONS["retrieval"]
 
 
 @pytest.fixture(scope="module")

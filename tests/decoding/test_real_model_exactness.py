@@ -1,6 +1,10 @@
 """The exactness suite on the real default model: every drafter, verified losslessly at temperature 0,
 emits exactly what plain greedy decoding emits; penalties match Hugging Face `generate()`."""
 
+import sysconfig
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -28,9 +32,27 @@ def greedy_reference(smollm2):
             for p in PROMPTS}
 
 
-@pytest.mark.parametrize("name", [n for n in registry.names("drafter") if n != "none"])
-def test_lossless_drafters_are_token_identical_to_greedy(smollm2, greedy_reference, name):
-    method = build_method(name, options=REAL_OPTIONS.get(name, {}))
+@pytest.fixture(scope="module", autouse=True)
+def retrieval_corpus(smollm2, tmp_path_factory):
+    """A small retrieval datastore: a few standard-library modules in the target's tokens."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    text = "\n".join((root / name).read_text(encoding="utf-8") for name in ("textwrap.py", "json/encoder.py"))
+    path = tmp_path_factory.mktemp("retrieval") / "corpus.npy"
+    np.save(path, np.array(smollm2.tokenizer.encode(text), dtype=np.int32))
+    REAL_OPTIONS["retrieval"] = {"corpus": str(path)}
+    yield
+    del REAL_OPTIONS["retrieval"]
+
+
+CASES = [(n, None) for n in registry.names("drafter") if n != "none"] + [
+    ("int4_self", {"num_nodes": 8, "top_k": 2}),  # a DySpec dynamic tree
+]
+
+
+@pytest.mark.parametrize(("name", "options"), CASES, ids=[f"{n}{'-' + '-'.join(o) if o else ''}" for n, o in CASES])
+def test_lossless_drafters_are_token_identical_to_greedy(smollm2, greedy_reference, name, options):
+    """`options` None: the drafter's defaults, or REAL_OPTIONS where it needs some."""
+    method = build_method(name, options=REAL_OPTIONS.get(name, {}) if options is None else options)
     assert method.verifier.lossless
     for prompt in PROMPTS:
         out = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False,

@@ -57,3 +57,12 @@ def test_fuse_shares_common_prefixes_and_respects_the_budget():
     assert DraftTree.fuse([DraftTree.empty(), TREE], budget=10).path_tokens() == TREE.path_tokens()
     with pytest.raises(ValueError, match="deterministic"):
         DraftTree.fuse([DraftTree.chain([1], torch.ones(1, 4) / 4)], budget=4)
+
+
+def test_auxiliary_nodes_are_cut_from_the_candidates_and_from_fusion():
+    tree = DraftTree(torch.tensor([4, 5, 6, 7]), torch.tensor([-1, 0, -1, 2]), auxiliary=2)
+    candidates = tree.verified()
+    assert candidates.tokens.tolist() == [4, 5] and candidates.parents.tolist() == [-1, 0] and candidates.auxiliary == 0
+    assert DraftTree.fuse([tree], budget=8).tokens.tolist() == [4, 5]
+    with pytest.raises(ValueError, match="auxiliary"):
+        DraftTree(torch.tensor([1]), torch.tensor([-1]), auxiliary=2)

@@ -83,11 +83,12 @@ def run(
         tokens, positions, mask = tree.verify_inputs(pending, int(tree_start[0]))
         out = target(tokens.to(device), positions.to(device), cache, None if tree.size == 0 else mask,
                      hidden_layers=hidden_layers)
-        logits = out.logits[0]  # (N+1, V): after the pending token, then after each node
+        candidates = tree.verified()
+        logits = out.logits[0, : candidates.size + 1]  # (n+1, V): after the pending token, then after each candidate
         if sampler.penalties:
-            history = TokenHistory(torch.tensor(state.tokens), len(prompt_ids), ((),) + tuple(tree.path_tokens()))
+            history = TokenHistory(torch.tensor(state.tokens), len(prompt_ids), ((),) + tuple(candidates.path_tokens()))
             logits = sampler.penalize(logits, history)
-        result = method.verifier.accept(tree, logits, sampler)
+        result = method.verifier.accept(candidates, logits, sampler)
         kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
         cache.commit(tree_start, torch.tensor([kept]), torch.tensor([len(kept)]))
         state.hidden_states = {k: v[0, kept] for k, v in out.hidden_states.items()}

@@ -27,9 +27,14 @@ class DraftTree:
     tokens: Tensor  # (N,) int64
     parents: Tensor  # (N,) int64, -1 for children of the pending token
     draft_probs: Tensor | None = None  # (N, V) float32: distribution each node's token was drawn from; None = deterministic
+    auxiliary: int = 0
+    """The last `auxiliary` nodes ride along in the verify forward for the drafter's own use (e.g.
+    lookahead's Jacobi window) and are never verified or accepted; see `verified`."""
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
+        if not 0 <= self.auxiliary <= n:
+            raise ValueError(f"auxiliary must be in [0, {n}], got {self.auxiliary}")
         if self.tokens.dim() != 1 or self.parents.shape != (n,):
             raise ValueError(f"tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} must be (N,)")
         if n and bool((self.parents >= torch.arange(n)).any()):
@@ -57,6 +62,15 @@ class DraftTree:
             depth[i] = 1 if p < 0 else depth[p] + 1
         return depth
 
+    def verified(self) -> DraftTree:
+        """The candidates: this tree without its auxiliary nodes (they come last, so no candidate
+        descends from one)."""
+        if not self.auxiliary:
+            return self
+        n = self.size - self.auxiliary
+        probs = None if self.draft_probs is None else self.draft_probs[:n]
+        return DraftTree(self.tokens[:n], self.parents[:n], probs)
+
     @property
     def depth(self) -> int:
         """Longest root-to-leaf path: the most draft tokens one step can accept."""
@@ -75,6 +89,7 @@ class DraftTree:
         prefix), earlier trees first, at most `budget` nodes. Deterministic trees only.
 
         Example: chains [a, b, c] and [a, d] fuse into a → (b → c, d): 4 nodes, not 5.
+        Auxiliary nodes are dropped: only candidates are fused.
         """
         if any(t.draft_probs is not None for t in trees):
             raise ValueError("only deterministic draft trees (draft_probs None) can be fused")
@@ -82,7 +97,7 @@ class DraftTree:
         tokens: list[int] = []
         parents: list[int] = []
         for tree in trees:
-            for path in tree.path_tokens():
+            for path in tree.verified().path_tokens():
                 if len(tokens) >= budget:
                     break
                 if path not in index and (len(path) == 1 or path[:-1] in index):

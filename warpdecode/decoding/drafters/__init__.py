@@ -2,10 +2,13 @@
 
 from warpdecode.decoding.drafters import (  # noqa: F401
     adaptive_ngram,
+    copy_input,
     draft_model,
     empty,
     fused,
+    lookahead,
     prompt_lookup,
     quantized_self,
+    retrieval,
     token_recycling,
 )
