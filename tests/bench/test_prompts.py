@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from warpdecode.bench.prompts import STDLIB_MIN_LINES, STDLIB_PROMPT_LINES, datasets_dir, load_prompts
+from warpdecode.bench.prompts import (
+    EDIT_INSTRUCTION,
+    STDLIB_MIN_LINES,
+    STDLIB_PROMPT_LINES,
+    datasets_dir,
+    load_prompts,
+    with_typos,
+)
 from warpdecode.datamodules.corpus import CorpusDataModule, split_of
 from warpdecode.errors import ConfigError
 
@@ -84,3 +91,21 @@ def test_unknown_set_and_bad_limit():
         load_prompts("mmlu")
     with pytest.raises(ConfigError, match="--limit must be >= 1"):
         load_prompts("humaneval", limit=0)
+
+
+def test_typos_swap_inner_letters_deterministically():
+    text = "Natalia sold clips to forty-eight of her friends in April, and then she sold half as many clips in May."
+    noisy = with_typos(text, seed=3, rate=0.5)
+    assert noisy == with_typos(text, seed=3, rate=0.5) and noisy != text
+    assert len(noisy) == len(text) and sorted(noisy) == sorted(text)  # letters move, none appear or vanish
+    changed = [(a, b) for a, b in zip(text.split(), noisy.split()) if a != b]
+    assert changed and all(a[0] == b[0] and a[-1] == b[-1] and sorted(a) == sorted(b) for a, b in changed)
+
+
+def test_edit_set_corrects_every_gsm8k_test_question():
+    prompts = load_prompts("edit")
+    rows = [json.loads(line) for line in (datasets_dir() / "gsm8k/test.jsonl").open() if line.strip()]
+    assert len(prompts) == len(rows) and {p.category for p in prompts} == {"spelling_correction"}
+    assert all(p.text.startswith(EDIT_INSTRUCTION) for p in prompts)
+    noisy = prompts[0].text[len(EDIT_INSTRUCTION):]
+    assert noisy == with_typos(rows[0]["question"], seed=0) and noisy != rows[0]["question"]
