@@ -144,3 +144,17 @@ def test_keep_rows_selects_and_reorders_rows() -> None:
     assert cache.k[:, 0].unique().tolist() == [2.0] and cache.v[:, 1].unique().tolist() == [0.0]
     with pytest.raises(ValueError, match="row indices"):
         cache.keep_rows([2])
+
+
+def test_copy_from_takes_chosen_layers_and_positions() -> None:
+    source = KVCache(n_layer=4, batch=1, n_kv_head=1, max_len=8, head_dim=2)
+    source.k.copy_(torch.arange(source.k.numel(), dtype=torch.float32).view_as(source.k))
+    source.v.copy_(-source.k)
+    draft = KVCache(n_layer=2, batch=1, n_kv_head=1, max_len=8, head_dim=2)
+    draft.copy_from(source, [0, 3], 2, 5)
+    assert torch.equal(draft.k[:, :, :, 2:5], source.k[[0, 3], :, :, 2:5])
+    assert torch.equal(draft.v[1, :, :, 2:5], source.v[3, :, :, 2:5])
+    assert not draft.k[:, :, :, :2].any() and not draft.k[:, :, :, 5:].any()  # other positions untouched
+    assert draft.lengths.tolist() == [5]
+    with pytest.raises(ValueError, match="cannot copy"):
+        draft.copy_from(source, [0, 1, 2], 0, 3)

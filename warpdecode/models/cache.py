@@ -121,6 +121,18 @@ class KVCache:
             raise ValueError(f"truncate to {new.tolist()} but rows hold {self.lengths.tolist()}")
         self.lengths = new
 
+    def copy_from(self, source: KVCache, layers: list[int], begin: int, end: int) -> None:
+        """Copy positions [begin, end) of `source`'s `layers` into this cache's layers 0..len(layers)-1
+        (a self-draft reusing its target's keys and values) and set every row's length to `end`."""
+        if len(layers) != self.k.shape[0] or end > min(self.max_len, source.max_len) or not 0 <= begin <= end:
+            raise ValueError(f"cannot copy positions [{begin}, {end}) of layers {layers} into a "
+                             f"{self.k.shape[0]}-layer cache of {self.max_len} positions")
+        span = slice(begin, end)
+        index = torch.tensor(layers, device=source.k.device)
+        self.k[:, :, :, span] = source.k[:, :, :, span][index]
+        self.v[:, :, :, span] = source.v[:, :, :, span][index]
+        self.lengths = torch.full((self.batch,), end, dtype=torch.int64)
+
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these rows, in this order (finished rows leave a batch); copies the cache."""
         if not rows or any(not 0 <= r < self.batch for r in rows):

@@ -114,7 +114,7 @@ class Int4Weight:
         return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
 
 
-QUANTIZERS: dict[int, type[Int8Weight] | type[Int4Weight]] = {8: Int8Weight, 4: Int4Weight}
+QUANTIZERS: dict[int, type[Int8Weight | Int4Weight]] = {8: Int8Weight, 4: Int4Weight}
 
 
 def quantized_available(bits: int) -> bool:

@@ -6,6 +6,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     draft_model,
     empty,
     fused,
+    layer_skip,
     lookahead,
     prompt_lookup,
     quantized_self,

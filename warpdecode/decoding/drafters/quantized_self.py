@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
@@ -65,11 +63,7 @@ class QuantizedSelfDraft(DraftModel):
         """Copy the target's keys/values of the committed positions the draft cache lacks."""
         assert self.cache is not None and self.draft is not None
         committed = int(target_cache.lengths[0])
-        layers = self.draft.config.n_layer
-        span = slice(self.synced, committed)
-        self.cache.k[:, :, :, span] = target_cache.k[:layers, :, :, span]
-        self.cache.v[:, :, :, span] = target_cache.v[:layers, :, :, span]
-        self.cache.lengths = torch.tensor([committed])
+        self.cache.copy_from(target_cache, list(range(self.draft.config.n_layer)), self.synced, committed)
         self.synced = committed
         self.fed = []
 
