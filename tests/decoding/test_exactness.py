@@ -19,7 +19,7 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.verifiers import speculative_sampling
 from warpdecode.decoding.verifiers.speculative_sampling import speculative_accept
 
-OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}}
+OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}, "layer_skip": {"num_skip": 1, "window": 4}}
 TREE_OPTIONS = {"layers": 1, "num_tokens": 2, "top_k": 2}  # draft_model's top-k tree mode
 DRAFTERS = registry.names("drafter")
 
