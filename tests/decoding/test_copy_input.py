@@ -59,6 +59,17 @@ def test_copy_prefers_order_over_the_latest_repeat():
     assert steps == 1 and accepted == [len(text) - 1]
 
 
+def test_no_draft_when_the_answer_is_not_a_copy():
+    """Open-ended answers: after a rejected copy nothing aligns, so the verify forwards carry no draft."""
+    prompt = list(range(10, 40))
+    answer = [10] + list(range(100, 130))  # starts like the prompt, then goes its own way
+    drafter = CopyInput()
+    steps, accepted = simulate(prompt, answer, drafter)
+    assert accepted == [0] * steps
+    state = DecodeState(None, None, prompt + answer, len(prompt), Sampler(SamplingConfig()))
+    assert drafter.propose(state, budget=16).size == 0
+
+
 def test_invalid_options():
     with pytest.raises(ConfigError, match="max_ngram"):
         CopyInput(max_ngram=0)

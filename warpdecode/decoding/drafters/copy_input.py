@@ -5,9 +5,10 @@ the output is the input. The drafter keeps a read position in the prompt and dra
 `num_tokens` prompt tokens from it. Before each step it re-aligns: the longest suffix of the output
 (up to `max_ngram` tokens) is looked up in the prompt, and of its occurrences the one nearest to
 where copying was expected to continue wins, so the copy walks through the input in order instead
-of jumping to the latest repeat (what prompt lookup does). When nothing aligns (the model just
-wrote a correction), copying resumes at the read position, which assumes the correction replaced
-as many tokens as it wrote.
+of jumping to the latest repeat (what prompt lookup does). When nothing aligns and the last draft
+was at least partly accepted (the model just wrote a correction while copying), copying resumes at
+the read position, which assumes the correction replaced as many tokens as it wrote; when nothing
+aligns otherwise (the answer is not a copy), there is no draft.
 
 Example (one token per word): prompt "... Fix: the cat sat on teh mat ." and output "the cat sat on"
 → draft "teh mat ."; the target writes "the" instead of "teh" (read position now after "teh"); "on
@@ -61,12 +62,15 @@ class CopyInput:
         self.num_tokens, self.max_ngram, self.near = num_tokens, max_ngram, near
         self.read = 0
         """Where in the prompt copying is expected to continue."""
+        self.copying = False
+        """Whether the last draft had a token accepted."""
 
     def prepare(self, target: Transformer) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:
         self.read = 0  # the first output token aligns with its first occurrence in the prompt
+        self.copying = False
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         source = state.tokens[: state.prompt_len]
@@ -74,9 +78,12 @@ class CopyInput:
         position = align(source, output, self.read, self.max_ngram, self.near)
         if position is not None:
             self.read = position
+        elif not self.copying:
+            return DraftTree.empty()
         return DraftTree.chain(source[self.read : self.read + min(self.num_tokens, budget)])
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
         # Accepted drafts and the bonus token advance the read position; a mismatch is repaired by
         # the next `align`, which looks near here.
         self.read += len(result.tokens)
+        self.copying = len(result.path) > 0
