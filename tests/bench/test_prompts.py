@@ -87,7 +87,7 @@ def test_missing_datasets_dir_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_unknown_set_and_bad_limit():
-    with pytest.raises(ConfigError, match="unknown prompt set 'mmlu'; choose from: humaneval, spec_bench, stdlib_code"):
+    with pytest.raises(ConfigError, match="unknown prompt set 'mmlu'; choose from: edit, humaneval, spec_bench, stdlib_code"):
         load_prompts("mmlu")
     with pytest.raises(ConfigError, match="--limit must be >= 1"):
         load_prompts("humaneval", limit=0)

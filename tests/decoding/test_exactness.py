@@ -3,13 +3,12 @@
 Greedy: token-identical to a naive full-recompute greedy loop. Sampling: the emitted tokens follow the
 target's distribution (TV distance within a bound that a wrong acceptance rule exceeds).
 A new drafter is picked up from the registry automatically; one that needs constructor options must
-add them to OPTIONS (a test fails until it does).
+add them to `tiny_models.DRAFTER_OPTIONS` (a test fails until it does).
 """
 
-import numpy as np
 import pytest
 import torch
-from tiny_models import greedy_target, tiny_vocab_target, tv
+from tiny_models import DRAFTER_OPTIONS, greedy_target, tiny_vocab_target, tv
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.drafters.draft_model import without_replacement
@@ -19,24 +18,8 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.verifiers import speculative_sampling
 from warpdecode.decoding.verifiers.speculative_sampling import speculative_accept
 
-OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}, "layer_skip": {"num_skip": 1, "window": 4}}
 TREE_OPTIONS = {"layers": 1, "num_tokens": 2, "top_k": 2}  # draft_model's top-k tree mode
 DRAFTERS = registry.names("drafter")
-
-
-def drafter_options(name):
-    return OPTIONS.get(name, {})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def retrieval_corpus(tmp_path_factory):
-    """A token-id corpus for the retrieval drafter: the prompts' patterns among random ids."""
-    path = tmp_path_factory.mktemp("retrieval") / "corpus.npy"
-    rng = np.random.default_rng(0)
-    np.save(path, np.concatenate([rng.integers(0, 64, 300)] + [np.array(p * 3) for p in PROMPTS]))
-    OPTIONS["retrieval"] = {"corpus": str(path)}
-    yield
-    del OPTIONS["retrieval"]
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +42,15 @@ PROMPTS = [
 ]
 
 
-def test_every_drafter_is_covered():
+def test_every_drafter_is_covered(drafter_options):
     for name in DRAFTERS:
-        registry.build("drafter", name, **drafter_options(name))
+        registry.build("drafter", name, **drafter_options.get(name, {}))
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
-def test_greedy_identity(target, name, prompt, single_thread):
-    check_greedy_identity(target, name, drafter_options(name), prompt)
+def test_greedy_identity(target, name, prompt, drafter_options, single_thread):
+    check_greedy_identity(target, name, drafter_options.get(name, {}), prompt)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
@@ -166,7 +149,7 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
 
 
 @pytest.mark.parametrize(("name", "options", "verifier"), [
-    ("draft_model", OPTIONS["draft_model"], None),
+    ("draft_model", DRAFTER_OPTIONS["draft_model"], None),
     ("draft_model", TREE_OPTIONS, None),
     ("prompt_lookup", {}, None),
     ("draft_model", TREE_OPTIONS | {"replacement": False}, None),

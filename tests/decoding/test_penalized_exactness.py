@@ -11,7 +11,6 @@ from tiny_models import greedy_target
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 
-OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}}
 PENALTIES = [
     {"repetition_penalty": 1.8},
     {"frequency_penalty": 0.7, "presence_penalty": 0.4},
@@ -42,10 +41,10 @@ def naive_penalized_greedy(model, ids, n, repetition_penalty=1.0, frequency_pena
 
 @pytest.mark.parametrize("penalties", PENALTIES, ids=["repetition", "frequency_presence"])
 @pytest.mark.parametrize("name", registry.names("drafter"))
-def test_greedy_identity_with_penalties(target, name, penalties, single_thread):
+def test_greedy_identity_with_penalties(target, name, penalties, drafter_options, single_thread):
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repetitive: drafts are proposed and penalties bite
     out = generate(target, None, prompt, max_new_tokens=24, stop_at_eos=False,
-                   method=build_method(name, options=OPTIONS.get(name, {})), **penalties)
+                   method=build_method(name, options=drafter_options.get(name, {})), **penalties)
     assert out.token_ids == naive_penalized_greedy(target, prompt, 24, **penalties)
 
 

@@ -66,6 +66,15 @@ def test_prompt_lookup_accepts_drafts_on_input_grounded_text(smollm2):
     assert out.stats.tau > 1.2
 
 
+def test_copy_input_copies_through_a_spelling_correction(smollm2):
+    prompt = ("Correct the spelling mistakes in the following text. Reply with the corrected text only.\n\n"
+              "A rboe takes 2 bolts of blue fiber and half taht much white fiber.  How many bolts in total does it take?")
+    out = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS, method=build_method("copy_input"))
+    plain = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.tau > 2.5  # measured 3.8: most of the answer is copied from the prompt
+
+
 def test_repetition_penalty_matches_transformers_greedy(smollm2, smollm2_transformers):
     ids = encode_prompt(smollm2.tokenizer, PROMPTS[0], chat=True)
     with torch.inference_mode():

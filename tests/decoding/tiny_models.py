@@ -5,6 +5,9 @@ import torch
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import Transformer
 
+DRAFTER_OPTIONS = {"draft_model": {"layers": 1, "num_tokens": 3}, "layer_skip": {"num_skip": 1, "window": 4}}
+"""Options the drafters need on the tiny targets (the retrieval corpus comes from the `drafter_options` fixture)."""
+
 
 def random_model(*, seed: int, std: float, **config) -> Transformer:
     """A `Transformer(ModelConfig(**config))` with seeded random weights (larger std: peakier outputs)."""

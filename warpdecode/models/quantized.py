@@ -152,7 +152,7 @@ def quantized_copy(model: Transformer, bits: Bits = 8) -> Transformer:
     for module in draft.modules():
         if isinstance(module, (Attention, MLP)):
             fused = module.qkv if isinstance(module, Attention) else module.gate_up
-            biases = [layer.bias for layer in fused.layers if layer.bias is not None]
+            biases: list[Tensor] = [layer.bias for layer in fused.layers if layer.bias is not None]
             fused.quantized = block_quantizer.of(torch.cat([layer.weight for layer in fused.layers]),
                                                  torch.cat(biases) if biases else None)
     for module in draft.modules():
