@@ -32,6 +32,21 @@ def test_tree_grows_best_first_from_the_trigram_table_with_unigram_backoff():
     assert drafter.propose(state([1, 2]), budget=2).tokens.tolist() == [5, 7]
 
 
+def test_mcts_visits_the_likely_paths_and_explores_the_others():
+    drafter = AdaptiveNgram(top_k=2, num_nodes=4, search="mcts", simulations=40, exploration=0.5)
+    drafter.trigrams[(1, 2)] = ([5, 6], [0.6, 0.3])
+    drafter.unigrams[5] = ([7, 8], [0.9, 0.1])
+    drafter.unigrams[6] = ([9, 5], [0.5, 0.5])
+    tree = drafter.propose(state([1, 2]), budget=10)
+    paths = tree.path_tokens()
+    assert paths[0] == (5,) and (5, 7) in paths  # the most probable line gets the most rollouts
+    assert (6,) in paths  # exploration also tries the second candidate
+    assert all(p < i for i, p in enumerate(tree.parents.tolist()))  # parents first
+    greedy = AdaptiveNgram(top_k=2, num_nodes=4, search="mcts", simulations=40, exploration=0.0)
+    greedy.trigrams, greedy.unigrams = drafter.trigrams, drafter.unigrams
+    assert greedy.propose(state([1, 2]), budget=10).tokens.tolist() == [5, 7]  # no exploration: one line
+
+
 def test_record_stores_each_forward_row_under_its_context():
     drafter = AdaptiveNgram(top_k=1)
     drafter.prev = 4
@@ -50,21 +65,26 @@ def test_table_is_bounded():
     assert list(drafter.trigrams) == [(2, 12), (3, 13)]
 
 
-def test_lossless_and_learns_across_requests(single_thread):
+@pytest.mark.parametrize("search", ["best_first", "mcts"])
+def test_lossless_and_learns_across_requests(search, single_thread):
     config = ModelConfig(vocab_size=16, n_layer=1, n_head=2, d_model=16, d_ff=32, max_seq_len=128)
     torch.manual_seed(0)
     model = Transformer(config)
     model.init_weights(std=0.5)
     model.eval()
-    method = build_method("adaptive_ngram")
+    method = build_method("adaptive_ngram", options={"search": search})
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     plain = generate(model, None, prompt, max_new_tokens=40, stop_at_eos=False)
     first = generate(model, None, prompt, max_new_tokens=40, stop_at_eos=False, method=method)
     second = generate(model, None, prompt, max_new_tokens=40, stop_at_eos=False, method=method)
     assert first.token_ids == second.token_ids == plain.token_ids
-    assert second.stats.tau > first.stats.tau > 1.0
+    assert second.stats.tau >= first.stats.tau > 1.0
+    if search == "best_first":
+        assert second.stats.tau > first.stats.tau  # the table filled by the first request pays off
 
 
 def test_bad_options():
     with pytest.raises(ConfigError, match="positive options"):
         AdaptiveNgram(num_nodes=0)
+    with pytest.raises(ConfigError, match="best_first or mcts"):
+        AdaptiveNgram(search="beam")
