@@ -17,16 +17,17 @@ to SpecInfer's recursive rejection, which is lossless for any proposals.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
 from warpdecode.decoding.protocols import AcceptResult
 from warpdecode.decoding.registry import register
-from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.decoding.verifiers.speculative_sampling import reject_siblings
+from warpdecode.decoding.verifiers.speculative_sampling import (
+    SpeculativeSampling,
+    reject_siblings,
+    walk_tree,
+)
 
 BISECTION_STEPS = 40
 
@@ -71,38 +72,24 @@ def spectr_accept(tree: DraftTree, target_probs: Tensor, uniforms: Tensor, gener
         generator: draws the recovered / bonus token.
     """
     tokens = tree.tokens.tolist()
-    children = tree.children()
-    path: list[int] = []
-    node = -1
-    while True:
-        p = target_probs[node + 1]
-        kids = children.get(node, [])
+
+    def select(p: Tensor, kids: list[int]) -> tuple[int | None, Tensor]:
         rows = tree.draft_probs[kids] if tree.draft_probs is not None and kids else None
-        accepted = None
-        if rows is not None and bool((rows == rows[:1]).all()):  # i.i.d. children: k-sequential selection
-            q, k = rows[0], len(kids)
-            rho = smallest_valid_rho(p, q, k)
-            for child in kids:
-                x = tokens[child]
-                if float(uniforms[child]) * rho * float(q[x]) < float(p[x]):  # u < p(x) / (ρ q(x))
-                    accepted = child
-                    break
-            if accepted is None:
-                p = kseq_residual(p, q, rho, k)
-        else:  # SpecInfer's recursive rejection over arbitrary siblings
-            accepted, p = reject_siblings(p, kids, tree, tokens, uniforms)
-        if accepted is None:
-            return AcceptResult.from_path(tree, path, int(torch.multinomial(p, 1, generator=generator)))
-        path.append(accepted)
-        node = accepted
+        if rows is None or not bool((rows == rows[:1]).all()):  # not i.i.d.: SpecInfer's recursive rejection
+            return reject_siblings(p, kids, tree, tokens, uniforms)
+        q, k = rows[0], len(kids)  # i.i.d. children: k-sequential selection
+        rho = smallest_valid_rho(p, q, k)
+        for child in kids:
+            x = tokens[child]
+            if float(uniforms[child]) * rho * float(q[x]) < float(p[x]):  # u < p(x) / (ρ q(x))
+                return child, p
+        return None, kseq_residual(p, q, rho, k)
+
+    return walk_tree(tree, target_probs, select, generator)
 
 
 @register("verifier", "spectr")
-class SpecTr:
-    lossless: ClassVar[bool] = True
-    needs_sampling: ClassVar[bool] = True
-
-    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
-        target_probs = sampler.probs(target_logits)  # (N+1, V)
-        uniforms = torch.rand(tree.size, generator=sampler.generator)
-        return spectr_accept(tree, target_probs, uniforms, sampler.generator)
+class SpecTr(SpeculativeSampling):
+    def rule(self, tree: DraftTree, target_probs: Tensor, uniforms: Tensor,
+             generator: torch.Generator | None) -> AcceptResult:
+        return spectr_accept(tree, target_probs, uniforms, generator)

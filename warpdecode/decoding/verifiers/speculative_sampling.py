@@ -14,6 +14,7 @@ way the emitted tokens follow p exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -56,6 +57,25 @@ def reject_siblings(p: Tensor, siblings: list[int], tree: DraftTree, tokens: lis
     return None, p
 
 
+SelectChild = Callable[[Tensor, list[int]], tuple[int | None, Tensor]]
+"""(target distribution after a node (V,), the node's children) → the accepted child (None if all
+were rejected) and the distribution left to draw from."""
+
+
+def walk_tree(tree: DraftTree, target_probs: Tensor, select: SelectChild, generator: torch.Generator | None) -> AcceptResult:
+    """Descend from the pending token through accepted children; where `select` accepts none, draw
+    the recovered (or, after a fully accepted path, bonus) token from the distribution it left."""
+    children = tree.children()
+    path: list[int] = []
+    node = -1
+    while True:
+        accepted, p = select(target_probs[node + 1], children.get(node, []))
+        if accepted is None:
+            return AcceptResult.from_path(tree, path, int(torch.multinomial(p, 1, generator=generator)))
+        path.append(accepted)
+        node = accepted
+
+
 def speculative_accept(
     tree: DraftTree, target_probs: Tensor, uniforms: Tensor, generator: torch.Generator | None
 ) -> AcceptResult:
@@ -68,16 +88,7 @@ def speculative_accept(
         generator: draws the recovered / bonus token.
     """
     tokens = tree.tokens.tolist()
-    children = tree.children()
-    path: list[int] = []
-    node = -1
-    while True:
-        accepted, p = reject_siblings(target_probs[node + 1], children.get(node, []), tree, tokens, uniforms)
-        if accepted is None:
-            bonus = int(torch.multinomial(p, 1, generator=generator))
-            return AcceptResult.from_path(tree, path, bonus)
-        path.append(accepted)
-        node = accepted
+    return walk_tree(tree, target_probs, lambda p, kids: reject_siblings(p, kids, tree, tokens, uniforms), generator)
 
 
 @register("verifier", "speculative_sampling")
@@ -88,4 +99,9 @@ class SpeculativeSampling:
     def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
         target_probs = sampler.probs(target_logits)  # (N+1, V)
         uniforms = torch.rand(tree.size, generator=sampler.generator)
-        return speculative_accept(tree, target_probs, uniforms, sampler.generator)
+        return self.rule(tree, target_probs, uniforms, sampler.generator)
+
+    def rule(self, tree: DraftTree, target_probs: Tensor, uniforms: Tensor,
+             generator: torch.Generator | None) -> AcceptResult:
+        """The acceptance rule `accept` applies (subclasses verify with another rule, same draws)."""
+        return speculative_accept(tree, target_probs, uniforms, generator)
