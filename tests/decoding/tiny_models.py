@@ -32,3 +32,45 @@ def tv(samples: list[int], probs: torch.Tensor) -> float:
     """Total variation distance between the empirical distribution of `samples` and `probs` (V,)."""
     freq = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double() / len(samples)
     return 0.5 * (freq - probs.double()).abs().sum().item()
+
+
+def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3) -> str:
+    """An untrained EAGLE drafter package for `target` (random block weights, a draft vocabulary of
+    all but the last eighth of the tokens, a 6-node static tree), saved in `directory`."""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.eagle import EagleNet
+
+    torch.manual_seed(seed)
+    vocab = target.config.vocab_size - target.config.vocab_size // 8
+    net = EagleNet(target.config, vocab)
+    net.init_from_target(target, torch.arange(vocab), std=std)
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    package = DrafterPackage("eagle", DrafterPackage.describe_target(target, "tiny"),
+                             {"draft_vocab_size": vocab, "d_ff": target.config.d_ff}, net.trainable_state(), tree)
+    return str(package.save(directory))
+
+
+
+def oracle_eagle_package(directory) -> tuple[Transformer, str]:
+    """A one-block target without attention output (each token's logits depend on that token only)
+    and an EAGLE drafter that computes exactly what the target computes: fc passes the token
+    embedding (ignoring the feature), the draft block, norm and full-vocabulary head are the
+    target's. Every draft token is the target's greedy token, so every draft is accepted. (With
+    attention the drafter could not be exact: its context has no pair for the first prompt token.)"""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.eagle import EagleNet
+
+    target = random_model(seed=4, std=0.3, vocab_size=64, n_layer=1, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
+                          max_seq_len=256)
+    with torch.no_grad():
+        target.blocks[0].attn.o_proj.weight.zero_()
+    net = EagleNet(target.config, 64)
+    net.init_from_target(target, torch.arange(64))
+    C = target.config.d_model
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.cat([torch.zeros(C, C), torch.eye(C)], dim=1))
+        net.layer.blocks[0].load_state_dict(target.blocks[0].state_dict())
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    package = DrafterPackage("eagle", DrafterPackage.describe_target(target, "oracle"),
+                             {"draft_vocab_size": 64, "d_ff": target.config.d_ff}, net.trainable_state(), tree)
+    return target, str(package.save(directory))

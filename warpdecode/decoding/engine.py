@@ -48,9 +48,9 @@ def run(
     headroom = method.max_tree_nodes + 1
     cache = KVCache.for_model(target.config, 1, min(target.config.max_seq_len, len(prompt_ids) + max_new_tokens + headroom),
                               dtype=target.embed.weight.dtype, device=device)
-    hidden_layers = method.drafter.needs_hidden_states
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)
+    hidden_layers = method.drafter.needs_hidden_states  # known once prepared (may depend on the target)
     stats = DecodeStats(prompt_tokens=len(prompt_ids))
     start = time.perf_counter()
     out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,

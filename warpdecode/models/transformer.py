@@ -221,7 +221,7 @@ class Transformer(nn.Module):
             self.lm_head.unpack()
         self._head_packed = None
 
-    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def rope_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         freqs = positions[:, :, None].float() * self.inv_freq  # (B, T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, D)
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -256,6 +256,7 @@ class Transformer(nn.Module):
         attention_mask: Tensor | None = None,
         hidden_layers: Sequence[int] = (),
         logits_slice: slice | None = None,
+        inputs_embeds: Tensor | None = None,
     ) -> BackboneOutput:
         """Run the backbone over `T` new tokens per row.
 
@@ -271,6 +272,8 @@ class Transformer(nn.Module):
             hidden_layers: indices in 0..L of hidden states to return (see `BackboneOutput`).
             logits_slice: compute logits only for this slice of the T positions (e.g. the last one
                 at prefill).
+            inputs_embeds: (B, T, C) block inputs to use instead of the token embeddings (a
+                feature-level drafter feeds its own); `tokens` then only gives the shape.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
@@ -297,7 +300,9 @@ class Transformer(nn.Module):
         elif positions.shape != tokens.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
 
-        x = self.embed(tokens)  # (B, T, C)
+        if inputs_embeds is not None and inputs_embeds.shape != (B, T, self.config.d_model):
+            raise ValueError(f"inputs_embeds {tuple(inputs_embeds.shape)} must be ({B}, {T}, {self.config.d_model})")
+        x = self.embed(tokens) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         rope = None
         if self.pos_embed is not None:
             if int(positions.max()) >= self.config.max_seq_len:
@@ -305,7 +310,7 @@ class Transformer(nn.Module):
                                   f"{self.config.max_seq_len} tokens")
             x = x + self.pos_embed(positions)
         else:
-            rope = self._rope(positions, x.dtype)
+            rope = self.rope_tables(positions, x.dtype)
 
         if plan is None:
             mask = None if attention_mask is None else attention_mask[:, None].to(x.device)

@@ -4,6 +4,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     adaptive_ngram,
     copy_input,
     draft_model,
+    eagle,
     empty,
     fused,
     layer_skip,

@@ -1,0 +1,63 @@
+"""The EAGLE-style draft network: the training-time unroll computes exactly what drafting at inference computes."""
+
+import pytest
+import torch
+
+from warpdecode.models.cache import KVCache
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.eagle import EagleNet, shift_left, ttt_mask
+from warpdecode.models.transformer import Transformer
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def tiny_pair(seed: int = 0) -> tuple[Transformer, EagleNet]:
+    torch.manual_seed(seed)
+    target = Transformer(ModelConfig(vocab_size=50, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
+                                     max_seq_len=64))
+    target.init_weights(0.2)
+    net = EagleNet(target.config, draft_vocab_size=40)
+    net.init_from_target(target, torch.arange(5, 45), std=0.2)
+    return target.eval(), net.eval()
+
+
+def test_ttt_mask_is_causal_then_diagonal():
+    assert ttt_mask(3, 2).int().tolist() == [[1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1]]
+
+
+def test_shift_left_pads_with_zeros():
+    x = torch.tensor([[1, 2, 3, 4]])
+    assert shift_left(x, 2, 3).tolist() == [[3, 4, 0]]
+
+
+def test_head_is_the_targets_rows_of_the_draft_vocabulary():
+    target, net = tiny_pair()
+    assert torch.equal(net.head.weight, target.embed.weight[5:45])
+    assert not net.head.weight.requires_grad
+    assert "layer.lm_head.weight" not in net.trainable_state()
+
+
+@torch.no_grad()
+def test_unrolled_steps_equal_inference_drafting():
+    target, net = tiny_pair()
+    T = 10
+    tokens = torch.randint(0, 50, (1, T))
+    features = target(tokens, hidden_layers=(2,)).hidden_states[2]  # (1, T, C)
+    steps = net.unrolled(features, tokens, target.embed, steps=3)
+
+    # Step 0 is the causal pass over the true pairs (f_i, x_{i+1}) at positions i + 1.
+    positions = torch.arange(1, T)[None]
+    hidden, logits = net(features[:, :-1], tokens[:, 1:], target.embed, positions)
+    torch.testing.assert_close(steps[0][0], hidden, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(steps[0][1], logits, atol=1e-5, rtol=1e-5)
+
+    # Step k at start i: true pairs 0..i in the cache, then the draft feeds its own features.
+    for i in (0, 4, 6):
+        cache = KVCache.for_model(net.config, 1, 32)
+        out, _ = net(features[:, : i + 1], tokens[:, 1 : i + 2], target.embed, torch.arange(1, i + 2)[None], cache)
+        feature = out[:, -1:]
+        for k in (1, 2):
+            feature, draft_logits = net(feature, tokens[:, i + 1 + k : i + 2 + k], target.embed,
+                                        torch.tensor([[i + 1 + k]]), cache)
+            torch.testing.assert_close(steps[k][0][:, i], feature[:, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(steps[k][1][:, i], draft_logits[:, 0], atol=1e-5, rtol=1e-5)

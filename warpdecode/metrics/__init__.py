@@ -1,0 +1,1 @@
+"""torchmetrics metrics for decoding and drafter training."""

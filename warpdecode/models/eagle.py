@@ -1,0 +1,173 @@
+"""The EAGLE-style feature-level draft network (Li et al. 2024; EAGLE-3's training-time test).
+
+The target's final normed hidden state f_i at position i (the *feature* its LM head reads) says
+what comes after token x_i but not which token was then chosen. The drafter gets both: its input
+for pair i is `fc([f_i ; embed(x_{i+1})])`, one Llama decoder block with its own KV cache attends
+over the pairs before it, and a final norm gives f̂_{i+1}, the prediction of the target's next
+feature; the draft token comes from a frozen slice of the target's LM head over a reduced,
+frequency-ranked draft vocabulary (FR-Spec / EAGLE-3). To draft further the drafter feeds itself:
+pair (f̂_{i+1}, d_{i+2}) predicts f̂_{i+2}, and so on.
+
+    features f_0 … f_{n-1} (target)      f̂_n          f̂_{n+1}
+    tokens   x_1 … x_n (pending)         d_{n+1}       d_{n+2}       (draft tokens)
+             └── true pairs, cached ──┘  └── drafted pairs, dropped after verification ──┘
+
+Training unrolls `steps` drafting steps on teacher-forced sequences (`unrolled`): step k feeds the
+features step k-1 predicted, so the drafter learns to continue from its own features. Each step's
+query attends to the true pairs up to its start (causal) and to its own earlier steps at the same
+start (a diagonal), exactly what the query of the k-th drafted token sees at inference.
+
+Pair i sits at position i + 1 (the position of its token), as it does in the draft cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from warpdecode.models.cache import KVCache
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.packed_linear import Linear
+from warpdecode.models.transformer import Block, Transformer, rotate_half
+
+
+def eagle_config(target: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> ModelConfig:
+    """The one-block backbone of the draft network: the target's attention and MLP shapes, the
+    reduced vocabulary, an untied (frozen) head."""
+    return dataclasses.replace(target, n_layer=1, vocab_size=draft_vocab_size, tie_embeddings=False,
+                               d_ff=d_ff or target.d_ff, eos_token_ids=[])
+
+
+def ttt_mask(n: int, steps: int) -> Tensor:
+    """(n, steps * n) bool attention mask of drafting step `steps - 1` over the keys of steps 0..steps-1.
+
+    Keys of step 0 (true pairs) are causal; keys of each later step are visible only at the same
+    start position. Example n=3, steps=2 (columns: step-0 keys 0..2, then step-1 keys 0..2):
+
+        1 0 0 | 1 0 0
+        1 1 0 | 0 1 0
+        1 1 1 | 0 0 1
+    """
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.cat([causal] + [torch.eye(n, dtype=torch.bool)] * (steps - 1), dim=1)
+
+
+def shift_left(x: Tensor, by: int, length: int) -> Tensor:
+    """`x[:, by : by + length]`, zero-padded at the end to `length` positions. x: (B, T, ...)."""
+    out = x[:, by : by + length]
+    missing = length - out.shape[1]
+    if missing <= 0:
+        return out
+    pad = torch.zeros((x.shape[0], missing) + tuple(x.shape[2:]), dtype=x.dtype, device=x.device)
+    return torch.cat([out, pad], dim=1)
+
+
+class EagleNet(nn.Module):
+    """fc + one decoder block + norm + frozen reduced LM head. The token embedding is the target's
+    (passed in, never stored here)."""
+
+    draft_vocab: Tensor  # (N,) int64: target token id of each draft-vocabulary entry (a buffer)
+
+    def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> None:
+        super().__init__()
+        self.config = eagle_config(target_config, draft_vocab_size, d_ff)
+        C = target_config.d_model
+        self.fc = Linear(2 * C, C, bias=True)
+        self.layer = Transformer(self.config)
+        del self.layer.embed  # the pair input replaces the token embedding (`inputs_embeds`)
+        self.register_buffer("draft_vocab", torch.arange(draft_vocab_size), persistent=True)
+
+    @property
+    def head(self) -> Linear:
+        assert self.layer.lm_head is not None
+        return self.layer.lm_head
+
+    @property
+    def block(self) -> Block:
+        return cast(Block, self.layer.blocks[0])
+
+    def init_from_target(self, target: Transformer, draft_vocab: Tensor, std: float = 0.02) -> None:
+        """Random block weights; fc passes the feature through (identity on its feature half); the norm
+        starts as the target's final norm and the head is the target's LM head rows of `draft_vocab`
+        (frozen)."""
+        self.layer.init_weights(std)
+        C = target.config.d_model
+        with torch.no_grad():
+            nn.init.normal_(self.fc.weight, std=std)
+            self.fc.weight[:, :C] += torch.eye(C)
+            nn.init.zeros_(self.fc.bias)
+            self.layer.norm.load_state_dict(target.norm.state_dict())
+            self.draft_vocab.copy_(draft_vocab)
+        self.tie_head(target)
+
+    def tie_head(self, target: Transformer) -> None:
+        """Set the (frozen) head to the target's LM head rows of `draft_vocab`."""
+        rows = target.output_embeddings().detach()[self.draft_vocab.to(target.output_embeddings().device)]
+        self.head.weight = nn.Parameter(rows.to(self.fc.weight.dtype).clone(), requires_grad=False)
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """The weights a drafter package stores: everything but the head (rebuilt from the target)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("layer.lm_head.")}
+
+    def pair_inputs(self, features: Tensor, tokens: Tensor, embed: nn.Embedding) -> Tensor:
+        """features (B, T, C) and next tokens (B, T) → block inputs (B, T, C)."""
+        return self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))
+
+    def forward(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor,
+                cache: KVCache | None = None, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Run pairs through the draft (inference: appends to `cache`).
+
+        Args:
+            features: (B, T, C) input features (target features, or the draft's own predictions).
+            tokens: (B, T) int64 token following each feature.
+            positions: (B, T) int64 position of each pair (its token's position).
+            attention_mask: (B, T, T) bool among the new pairs (a tree), or None (causal).
+        Returns:
+            predicted next features (B, T, C) and draft-vocabulary logits (B, T, N).
+        """
+        x = self.pair_inputs(features, tokens, embed)
+        out = self.layer(tokens, positions, cache, attention_mask, hidden_layers=(1,), inputs_embeds=x)
+        return out.hidden_states[1], out.logits
+
+    def unrolled(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, steps: int) -> list[tuple[Tensor, Tensor]]:
+        """Training-time test: `steps` drafting steps from every start position of teacher-forced sequences.
+
+        Args:
+            features: (B, T, C) target features f_0..f_{T-1}.
+            tokens: (B, T) int64 tokens x_0..x_{T-1}.
+        Returns:
+            per step k, predicted features (B, T-1, C) and logits (B, T-1, N); entry i of step k
+            predicts f_{i+1+k} (and so token x_{i+2+k}) from the true pairs up to i and the draft's
+            own k earlier steps. Entries whose inputs run past the sequence see zero padding.
+        """
+        block, attn = self.block, self.block.attn
+        B, T, _ = features.shape
+        n = T - 1
+        positions = torch.arange(1, T, device=features.device)[None].expand(B, -1)
+        keys: list[Tensor] = []
+        values: list[Tensor] = []
+        feature = features[:, :n]
+        outputs = []
+        for k in range(steps):
+            x = self.pair_inputs(feature, shift_left(tokens, 1 + k, n), embed)  # (B, n, C)
+            q, key, value = attn.qkv(block.attn_norm(x))
+            q = q.view(B, n, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, n, D)
+            key = key.view(B, n, attn.n_kv_head, attn.head_dim).transpose(1, 2)  # (B, Hkv, n, D)
+            value = value.view(B, n, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+            cos, sin = self.layer.rope_tables(positions + k, x.dtype)  # (B, 1, n, D)
+            q = q * cos + rotate_half(q) * sin
+            keys.append(key * cos + rotate_half(key) * sin)
+            values.append(value)
+            y = F.scaled_dot_product_attention(
+                q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=ttt_mask(n, k + 1).to(x.device),
+                enable_gqa=attn.n_kv_head != attn.n_head,
+            )  # (B, H, n, D)
+            x = x + attn.o_proj(y.transpose(1, 2).reshape(B, n, attn.n_head * attn.head_dim))
+            x = x + block.mlp(block.mlp_norm(x))
+            feature = self.layer.norm(x)
+            outputs.append((feature, self.head(feature)))
+        return outputs
