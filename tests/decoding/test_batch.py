@@ -68,3 +68,19 @@ def test_seeded_batch_sampling_is_reproducible(target, single_thread):
 def test_bad_requests_raise_config_errors(target, prompts, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         generate_batch(target, None, prompts, **kwargs)
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_captured_hidden_states_equal_a_teacher_forced_forward(target, layer, single_thread):
+    alone = generate(target, None, PROMPTS[0], max_new_tokens=10, stop_at_eos=False).token_ids
+    stop = alone[3]  # row 0 finishes early, so rows leave the batch at different steps
+    results = decode_batch(target, PROMPTS, Sampler(SamplingConfig()), budgets=[10, 7, 1], stop_ids={stop},
+                           hidden_layer=layer)
+    plain = decode_batch(target, PROMPTS, Sampler(SamplingConfig()), budgets=[10, 7, 1], stop_ids={stop})
+    for prompt, (new, finish, _, hidden), (plain_new, plain_finish, _) in zip(PROMPTS, results, plain, strict=True):
+        assert (new, finish) == (plain_new, plain_finish)
+        tokens = torch.tensor(prompt + new)
+        assert hidden.shape == (len(tokens) - 1, target.config.d_model)
+        forced = target(tokens[None], hidden_layers=(layer,)).hidden_states[layer][0, :-1]  # (T - 1, C)
+        torch.testing.assert_close(hidden, forced, atol=1e-4, rtol=1e-4)
+    assert [len(r[0]) for r in results] == [4, 7, 1]

@@ -25,11 +25,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from warpdecode.datamodules.corpus import CorpusDataModule
+from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.errors import WarpdecodeError
 from warpdecode.modules.causal_lm import CausalLM
+from warpdecode.modules.eagle import EagleDrafter
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (CausalLM, CorpusDataModule)
+REGISTERED = (CausalLM, CorpusDataModule, EagleDrafter, SelfDistillDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")
 DEFAULT_SEED = 0
 

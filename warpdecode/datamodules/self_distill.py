@@ -1,0 +1,527 @@
+"""Self-distillation data for learned drafters: the target's own greedy answers to a set of prompts.
+
+Drafters (Medusa heads, EAGLE-style layers) learn to predict what the target generates, so they are
+trained on the target's greedy continuations of real prompts, optionally with the target's final
+normed hidden state at every position (the features a drafter reads). `prepare_data` regenerates the
+answers once, batch by batch, and caches them on disk:
+
+    <cache_dir>/runs/<run key>.json    which data folder this configuration produced; the run key
+                                       hashes only the configuration and file stamps, so a finished
+                                       cache is found without loading the model
+    <cache_dir>/data/<data key>/       keyed by the target's weight fingerprint, the encoded prompts,
+                                       the stop ids, max_new_tokens, max_length and the features flag
+        chunk-<start>-<end>.npz        one generation batch, written to a temporary file and renamed
+        done.json                      counts and stats, written last: the folder is complete
+
+An interrupted run loses at most the batch in flight: the rerun keeps every finished chunk. Examples
+are split into train/val by a hash of the prompt text, so a prompt never moves between splits. `setup`
+holds every example in memory (the features take tokens x C x 2 bytes: about 0.35 GB for 1024 prompts
+of 300 tokens with C = 576).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import random
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from warpdecode.bench.prompts import dataset_file
+from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader
+from warpdecode.datamodules.corpus import STDLIB, CorpusDataModule, split_of
+from warpdecode.decoding.batch import decode_batch
+from warpdecode.decoding.generate import encode_prompt, stop_token_ids
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import cache_dir as warpdecode_cache_dir
+from warpdecode.models.checkpoint import load_pretrained, resolve
+from warpdecode.models.identity import model_fingerprint
+from warpdecode.models.tokenizer import Tokenizer
+from warpdecode.models.transformer import Transformer
+
+SOURCES = ("gsm8k_train", "stdlib_docstrings")
+"""Built-in prompt sources; any other source is a path to a `.jsonl` file."""
+CACHE_VERSION = 1
+DOCSTRING_MIN_CHARS = 24
+"""Shorter first paragraphs ("Return x.") say too little to write a function from."""
+STATS = ("examples", "prompt_tokens", "answer_tokens", "generation_seconds", "skipped_prompts")
+
+
+@dataclass(frozen=True)
+class DistillPrompt:
+    id: str
+    """Where the prompt comes from, e.g. `gsm8k_train/17` or `stdlib/json/decoder.py:33:py_scanstring`."""
+    messages: tuple[tuple[str, str], ...]
+    """(role, content) turns ending with a user turn; a plain prompt is one user turn."""
+
+    @property
+    def key(self) -> str:
+        """The prompt text that decides its train/val split."""
+        return json.dumps(self.messages)
+
+
+def encode(tokenizer: Tokenizer, prompt: DistillPrompt) -> list[int]:
+    """Token ids of `prompt` exactly as inference encodes it (`encode_prompt` with `chat=None`: the
+    chat template when the tokenizer has one, the raw text otherwise); several turns need a template."""
+    if len(prompt.messages) == 1:
+        return encode_prompt(tokenizer, prompt.messages[0][1], chat=None)
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"prompt {prompt.id} has {len(prompt.messages)} turns but the target's tokenizer "
+                          "has no chat template to render them")
+    messages = [{"role": role, "content": content} for role, content in prompt.messages]
+    text = tokenizer.apply_chat_template(messages)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+# ---- prompt sources -------------------------------------------------------------------------------
+
+
+def gsm8k_train_prompts() -> list[DistillPrompt]:
+    """The questions of the GSM8K train split (never the test split, which the bench evaluates on)."""
+    with dataset_file("gsm8k/train.jsonl").open(encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [DistillPrompt(f"gsm8k_train/{i}", (("user", row["question"]),)) for i, row in enumerate(rows)]
+
+
+def stdlib_train_files() -> list[tuple[str, Path]]:
+    """(relative path, path) of the stdlib corpus files in the `train` split of
+    `CorpusDataModule(source="stdlib")`, sorted; the bench's `stdlib_code` prompts use the `test` split."""
+    corpus = CorpusDataModule(source=STDLIB)
+    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    files = [(path.relative_to(root).as_posix(), path) for path in corpus.source_files()]
+    return [(key, path) for key, path in files
+            if split_of(key, corpus.fractions["val"], corpus.fractions["test"]) == "train"]
+
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _public_functions(tree: ast.Module) -> Iterator[tuple[Function, str | None]]:
+    """Module-level functions and methods of module-level classes, in file order, with their class."""
+    for node in tree.body:
+        if isinstance(node, Function):
+            yield node, None
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            yield from ((item, node.name) for item in node.body if isinstance(item, Function))
+
+
+def docstring_prompts(key: str, source: str) -> Iterator[DistillPrompt]:
+    """A prompt "Write a Python function `name(args)`: <first docstring paragraph>" for each public
+    function or method of one file whose first docstring paragraph has `DOCSTRING_MIN_CHARS` chars or more."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    for node, owner in _public_functions(tree):
+        paragraph = " ".join((ast.get_docstring(node) or "").split("\n\n")[0].split())
+        if node.name.startswith("_") or len(paragraph) < DOCSTRING_MIN_CHARS:
+            continue
+        kind, name = ("function", node.name) if owner is None else ("method", f"{owner}.{node.name}")
+        text = f"Write a Python {kind} `{name}({ast.unparse(node.args)})`: {paragraph}"
+        yield DistillPrompt(f"stdlib/{key}:{node.lineno}:{name}", (("user", text),))
+
+
+def stdlib_docstring_prompts() -> list[DistillPrompt]:
+    """Docstring prompts of every train-split stdlib file, in file then line order."""
+    return [prompt for key, path in stdlib_train_files()
+            for prompt in docstring_prompts(key, path.read_text(encoding="utf-8", errors="replace"))]
+
+
+def _messages(record: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        return (("user", record["prompt"]),)
+    turns = record.get("messages") if isinstance(record, dict) else None
+    if isinstance(turns, list) and turns and all(isinstance(t, dict) for t in turns):
+        pairs = [(t.get("role"), t.get("content")) for t in turns]
+        if all(isinstance(r, str) and isinstance(c, str) for r, c in pairs) and pairs[-1][0] == "user":
+            return tuple(pairs)
+    raise ConfigError(f'{where}: expected {{"prompt": str}} or '
+                      '{"messages": [{"role": str, "content": str}, ...]} ending with a user turn')
+
+
+def jsonl_prompts(path: Path) -> list[DistillPrompt]:
+    """One prompt per non-blank line of a JSONL file, in file order."""
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{line_no}: invalid JSON: {e}") from e
+            prompts.append(DistillPrompt(f"{path.name}/{line_no}", _messages(record, f"{path}:{line_no}")))
+    return prompts
+
+
+def check_source(source: str) -> None:
+    if source in SOURCES:
+        return
+    if not source.endswith(".jsonl"):
+        raise ConfigError(f"unknown prompt source {source!r}; choose from {', '.join(SOURCES)} "
+                          "or a path to a .jsonl file")
+    if not Path(source).is_file():
+        raise ConfigError(f"prompt file {source} not found")
+
+
+def load_prompts(sources: list[str], max_prompts: int, seed: int) -> list[DistillPrompt]:
+    """The first `max_prompts` distinct prompts, taken round-robin over the sources so that a cut keeps
+    a mix. Built-in sources are shuffled with `seed` (their own order is by file and line); a JSONL
+    file keeps its order."""
+    lists = []
+    for source in sources:
+        check_source(source)
+        if source in SOURCES:
+            prompts = gsm8k_train_prompts() if source == "gsm8k_train" else stdlib_docstring_prompts()
+            random.Random(f"{seed}:{source}").shuffle(prompts)
+        else:
+            prompts = jsonl_prompts(Path(source))
+        lists.append(prompts)
+    unique = {p.messages: p for group in zip_longest(*lists) for p in group if p is not None}
+    if not unique:
+        raise ConfigError(f"the prompt sources {sources} hold no prompt")
+    return list(unique.values())[:max_prompts]
+
+
+# ---- generation and cache -------------------------------------------------------------------------
+
+
+def _sha(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _stamp(path: Path) -> list[Any]:
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _source_stamp(source: str) -> list[Any]:
+    """What a source's prompts depend on, without reading it."""
+    if source == "gsm8k_train":
+        return _stamp(dataset_file("gsm8k/train.jsonl"))
+    if source == "stdlib_docstrings":
+        return [source, sys.version, sysconfig.get_paths()["stdlib"]]
+    return _stamp(Path(source))
+
+
+def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """`write(file)` into a temporary sibling, then rename it over `path` (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    _write_atomic(path, lambda f: f.write((json.dumps(value, indent=1) + "\n").encode()))
+
+
+def _save_chunk(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    _write_atomic(path, lambda f: np.savez(f, allow_pickle=False, **arrays))
+
+
+def _totals(directory: Path, names: list[str]) -> dict[str, float]:
+    """Example and token counts and generation seconds summed over the chunk files `names`."""
+    totals: dict[str, float] = dict.fromkeys(("examples", "prompt_tokens", "answer_tokens"), 0)
+    totals["generation_seconds"] = 0.0
+    for name in names:
+        with np.load(directory / name) as chunk:
+            prompt_tokens = int(chunk["prompt_lengths"].sum())
+            totals["examples"] += len(chunk["prompt_lengths"])
+            totals["prompt_tokens"] += prompt_tokens
+            totals["answer_tokens"] += len(chunk["tokens"]) - prompt_tokens
+            totals["generation_seconds"] += float(chunk["seconds"])
+    return totals
+
+
+def generate_chunk(model: Transformer, batch: list[tuple[DistillPrompt, list[int]]], *, budgets: list[int],
+                   stop_ids: set[int], features: bool) -> dict[str, np.ndarray]:
+    """Greedy answers of one generation batch, as the arrays of one chunk file.
+
+    Returns: `tokens` (N_tok,) int32, every example's prompt + answer ids concatenated; `offsets`
+    (N + 1,) int64, example i is tokens[offsets[i]:offsets[i + 1]]; `prompt_lengths` (N,) int32;
+    `keys` (N,) str, the split keys; `seconds` () float64; with `features`, `features` (N_tok, C)
+    float16 aligned with `tokens`: row t holds the final normed hidden state after reading the
+    example's tokens up to t, and each example's last row is 0 (that token is never run).
+    """
+    layer = model.config.n_layer  # kept for free: decoding computes the final norm at every position anyway
+    start = time.perf_counter()
+    results = decode_batch(model, [ids for _, ids in batch], Sampler(SamplingConfig()), budgets=budgets,
+                           stop_ids=stop_ids, hidden_layer=layer)
+    seconds = time.perf_counter() - start
+    sequences = [ids + new for (_, ids), (new, *_) in zip(batch, results, strict=True)]
+    offsets = np.cumsum([0] + [len(s) for s in sequences])
+    chunk: dict[str, np.ndarray] = {
+        "tokens": np.array([t for s in sequences for t in s], dtype=np.int32),
+        "offsets": offsets.astype(np.int64),
+        "prompt_lengths": np.array([len(ids) for _, ids in batch], dtype=np.int32),
+        "keys": np.array([p.key for p, _ in batch]),
+        "seconds": np.array(seconds),  # () float64
+    }
+    if features:
+        hidden = np.zeros((offsets[-1], model.config.d_model), dtype=np.float16)  # (N_tok, C)
+        for begin, (*_, states) in zip(offsets[:-1], results, strict=True):
+            hidden[begin : begin + len(states)] = states.float().cpu().numpy()
+        chunk["features"] = hidden
+    return chunk
+
+
+# ---- dataset and batches --------------------------------------------------------------------------
+
+
+class Example(NamedTuple):
+    tokens: np.ndarray  # (T,) int32, prompt then answer
+    prompt_length: int
+    features: np.ndarray | None  # (T, C) float16, see `generate_chunk`
+
+
+class DistillDataset(Dataset[Example]):
+    """The examples of one split, in cache order; `collate` turns a list of them into a batch."""
+
+    def __init__(self, examples: list[Example]) -> None:
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> Example:
+        return self.examples[index]
+
+
+def collate(examples: list[Example]) -> dict[str, Tensor]:
+    """Right-pad examples (with 0) to the longest one; see `SelfDistillDataModule` for the batch keys."""
+    lengths = torch.tensor([len(e.tokens) for e in examples])  # (B,)
+    B, T = len(examples), int(lengths.max())
+    tokens = torch.zeros(B, T, dtype=torch.int64)
+    answer_mask = torch.zeros(B, T, dtype=torch.bool)
+    for b, e in enumerate(examples):
+        tokens[b, : len(e.tokens)] = torch.from_numpy(e.tokens.astype(np.int64))
+        answer_mask[b, e.prompt_length : len(e.tokens)] = True
+    batch = {"tokens": tokens, "answer_mask": answer_mask, "lengths": lengths}
+    if examples[0].features is not None:
+        features = torch.zeros(B, T, examples[0].features.shape[1])  # (B, T, C)
+        for b, e in enumerate(examples):
+            assert e.features is not None
+            features[b, : len(e.tokens)] = torch.from_numpy(e.features.astype(np.float32))
+        batch["features"] = features
+    return batch
+
+
+class SelfDistillDataModule(LightningDataModule):
+    """The target's greedy answers to a prompt set (plus its hidden states), cached, as padded batches.
+
+    Each batch is a dict of `tokens` (B, T) int64, prompt then answer ids right-padded with 0;
+    `answer_mask` (B, T) bool, True at the answer (generated) tokens; `lengths` (B,) int64; and, when
+    `features`, `features` (B, T, C) float32 where features[b, t] is the target's final normed hidden
+    state after reading tokens[b, :t + 1] (0 at each row's last token and at padding). T is the
+    longest example of the batch (at most `max_length`).
+    """
+
+    def __init__(
+        self,
+        target: str = "smollm2-135m-instruct",
+        prompts: Sequence[str] = SOURCES,
+        max_prompts: int = 1024,
+        max_new_tokens: int = 192,
+        generation_batch_size: int = 32,
+        generation_device: str = "cpu",
+        features: bool = True,
+        batch_size: int = 8,
+        max_length: int = 512,
+        val_fraction: float = 0.05,
+        cache_dir: str | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        """
+        Args:
+            target: The model whose answers to learn: a model name, a model directory or a `.gguf` file.
+            prompts: Prompt sources, interleaved: `gsm8k_train` (GSM8K train questions),
+                `stdlib_docstrings` ("Write a Python function ..." from the docstrings of the train
+                split of the stdlib corpus), or paths to `.jsonl` files whose lines are
+                {"prompt": str} or {"messages": [{"role": str, "content": str}, ...]}.
+            max_prompts: Use at most this many prompts.
+            max_new_tokens: Answer length limit; an answer also ends at the target's stop tokens.
+            generation_batch_size: Prompts decoded together; also the unit of the resumable cache.
+            generation_device: Where the fp32 target runs during regeneration (e.g. `cuda`).
+            features: Also store the target's final normed hidden state at every position (float16).
+            batch_size: Examples per training batch (per device).
+            max_length: Prompt + answer tokens at most; longer prompts are skipped with a warning.
+            val_fraction: Expected fraction of prompts held out for validation, in (0, 1).
+            cache_dir: Where the regenerated data is cached; default `$WARPDECODE_CACHE/self_distill`.
+            seed: Seed of the built-in sources' prompt order and of the training shuffle (per epoch).
+            num_workers: DataLoader worker processes.
+        """
+        super().__init__()
+        for name, value in (("max_prompts", max_prompts), ("max_new_tokens", max_new_tokens),
+                            ("generation_batch_size", generation_batch_size), ("batch_size", batch_size)):
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        if max_length < 2:
+            raise ConfigError(f"max_length must be >= 2 (a prompt and an answer token), got {max_length}")
+        if not 0 < val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        if not prompts:
+            raise ConfigError(f"the prompt set is empty; choose from {', '.join(SOURCES)} or .jsonl files")
+        for source in prompts:
+            check_source(source)
+        self.save_hyperparameters()
+        self.target = target
+        self.prompt_sources = list(prompts)
+        self.max_prompts, self.max_new_tokens, self.max_length = max_prompts, max_new_tokens, max_length
+        self.generation_batch_size, self.generation_device = generation_batch_size, generation_device
+        self.features = features
+        self.batch_size, self.val_fraction, self.num_workers = batch_size, val_fraction, num_workers
+        self.seed = seed
+        self.cache_dir = Path(cache_dir) if cache_dir else warpdecode_cache_dir() / "self_distill"
+        self.datasets: dict[str, DistillDataset] = {}
+        self.tokenizer: Tokenizer | None = None
+        """The target's tokenizer, after `setup`."""
+        self.target_fingerprint: str | None = None
+        """`model_fingerprint` of the target that generated the data, after `setup`."""
+        self.hidden_size: int | None = None
+        """C, the target's hidden size (the width of `features`), after `setup`."""
+        self.stats: dict[str, float] = {}
+        """examples, prompt_tokens, answer_tokens, generation_seconds, skipped_prompts, after `setup`."""
+
+    def _run_key(self) -> str:
+        """Hash of the configuration and the stamps of its input files: finds a finished cache cheaply."""
+        files = sorted(p for p in resolve(self.target).iterdir() if p.is_file())
+        return _sha({
+            "version": CACHE_VERSION, "target": [_stamp(p) for p in files],
+            "sources": [_source_stamp(s) for s in self.prompt_sources], "max_prompts": self.max_prompts,
+            "seed": self.seed, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length,
+            "features": self.features,
+        })
+
+    def _data_dir(self) -> Path:
+        """The finished data folder of this configuration, regenerating whatever it lacks."""
+        run = self.cache_dir / "runs" / f"{self._run_key()}.json"
+        if run.is_file():
+            directory = self.cache_dir / "data" / json.loads(run.read_text())["data"]
+            if (directory / "done.json").is_file():
+                rank_zero_info(f"self-distillation data: reusing the finished cache {directory}")
+                return directory
+        directory = self._regenerate()
+        _write_json(run, {"data": directory.name})
+        return directory
+
+    def _regenerate(self) -> Path:
+        """Load the target, generate the chunks the data folder lacks, then write its `done.json`."""
+        prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed)
+        model, tokenizer = load_pretrained(self.target, device=self.generation_device)
+        limit = min(self.max_length, model.config.max_seq_len)
+        kept = [(p, ids) for p in prompts if 0 < len(ids := encode(tokenizer, p)) < limit]
+        if not kept:
+            raise ConfigError(f"all {len(prompts)} prompts are empty or longer than {limit - 1} tokens "
+                              f"(max_length {self.max_length}, context {model.config.max_seq_len})")
+        if len(kept) < len(prompts):
+            rank_zero_warn(f"skipping {len(prompts) - len(kept)} of {len(prompts)} prompts: empty or longer "
+                           f"than {limit - 1} tokens")
+        kept.sort(key=lambda item: len(item[1]))  # stable; similar lengths share a batch: less padding
+        stop_ids = stop_token_ids(model, tokenizer)
+        fingerprint = model_fingerprint(model)
+        directory = self.cache_dir / "data" / _sha({
+            "version": CACHE_VERSION, "target": fingerprint, "stop_ids": sorted(stop_ids),
+            "prompts": _sha([[p.key, ids] for p, ids in kept]), "max_new_tokens": self.max_new_tokens,
+            "max_length": self.max_length, "features": self.features,
+        })
+        if (directory / "done.json").is_file():
+            return directory
+        size = self.generation_batch_size
+        batches = {f"chunk-{s:06d}-{s + len(kept[s : s + size]):06d}.npz": kept[s : s + size]
+                   for s in range(0, len(kept), size)}
+        todo = [name for name in batches if not (directory / name).is_file()]
+        rank_zero_info(f"self-distillation data in {directory}: reusing {len(batches) - len(todo)} of "
+                       f"{len(batches)} chunks, generating {len(todo)}")
+        new_tokens, seconds = 0, 0.0
+        initial = len(kept) - sum(len(batches[name]) for name in todo)
+        with tqdm(total=len(kept), initial=initial, desc="self-distill", unit="prompt", disable=None) as bar:
+            for name in todo:
+                budgets = [min(self.max_new_tokens, limit - len(ids)) for _, ids in batches[name]]
+                chunk = generate_chunk(model, batches[name], budgets=budgets, stop_ids=stop_ids,
+                                       features=self.features)
+                _save_chunk(directory / name, chunk)
+                new_tokens += len(chunk["tokens"]) - int(chunk["prompt_lengths"].sum())
+                seconds += float(chunk["seconds"])
+                bar.update(len(batches[name]))
+                bar.set_postfix(tok_s=f"{new_tokens / seconds:.0f}")
+        _write_json(directory / "done.json", {
+            "target": self.target, "target_fingerprint": fingerprint, "hidden_size": model.config.d_model,
+            "features": self.features, "chunks": list(batches),
+            **_totals(directory, list(batches)), "skipped_prompts": len(prompts) - len(kept),
+        })
+        return directory
+
+    def prepare_data(self) -> None:
+        """Runs on one process per node before `setup`: regenerates the answers on a cache miss."""
+        self._data_dir()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        directory = self._data_dir()
+        done = json.loads((directory / "done.json").read_text())
+        splits: dict[str, list[Example]] = {"train": [], "val": []}
+        for name in done["chunks"]:
+            with np.load(directory / name) as chunk:
+                arrays = {key: chunk[key] for key in chunk.files}
+            offsets = arrays["offsets"]
+            for i, key in enumerate(arrays["keys"]):
+                span = slice(offsets[i], offsets[i + 1])
+                example = Example(arrays["tokens"][span], int(arrays["prompt_lengths"][i]),
+                                  arrays["features"][span] if "features" in arrays else None)
+                splits[split_of(str(key), self.val_fraction, 0.0)].append(example)
+        if not splits["train"]:
+            raise ConfigError(f"no example fell into the train split ({done['examples']} examples, "
+                              f"val_fraction {self.val_fraction}); use more prompts or a lower val_fraction")
+        if not splits["val"]:
+            rank_zero_warn(f"no example of {done['examples']} fell into the val split; validation is empty")
+        self.datasets = {split: DistillDataset(examples) for split, examples in splits.items()}
+        self.tokenizer = Tokenizer.load(resolve(self.target))
+        self.target_fingerprint, self.hidden_size = done["target_fingerprint"], done["hidden_size"]
+        self.stats = {key: done[key] for key in STATS}
+        rank_zero_info(f"self-distillation examples: train {len(splits['train'])}, val {len(splits['val'])}")
+
+    def token_counts(self) -> np.ndarray:
+        """(V,) int64 how often each token occurs in the train split's answers (the draft
+        vocabulary of a drafter is its most frequent tokens)."""
+        if not self.datasets or self.tokenizer is None:
+            raise RuntimeError("call setup() before asking for token counts")
+        answers = [e.tokens[e.prompt_length :] for e in self.datasets["train"].examples]
+        return np.bincount(np.concatenate(answers).astype(np.int64), minlength=self.tokenizer.vocab_size)
+
+    def _loader(self, split: str) -> DataLoader:
+        if not self.datasets:
+            raise RuntimeError("call setup() before asking for a dataloader")
+        dataset = self.datasets[split]
+        if split == "train":
+            return ResumableLoader(dataset, batch_size=self.batch_size, collate_fn=collate,
+                                   sampler=EpochShuffleSampler(len(dataset), self.seed),
+                                   num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        return DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")

@@ -1,0 +1,147 @@
+"""Train the EAGLE-style feature-level drafter (`models/eagle.py`) on a frozen target.
+
+Loss per unrolled drafting step k (training-time test, weighted `step_decay**k`):
+`feature_weight * SmoothL1(f̂, f) + token_weight * CE(draft logits, target distribution)`, where
+the target distribution is the target's softmax over the draft vocabulary at the same position
+(distillation, so prompt positions teach as much as answer positions). EAGLE uses weights 1.0 and 0.1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from warpdecode.errors import ConfigError
+from warpdecode.metrics.drafting import label_ranks
+from warpdecode.models.eagle import EagleNet, shift_left
+from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.modules.drafter import DrafterModule
+
+
+def vocab_index(draft_vocab: Tensor, vocab_size: int) -> Tensor:
+    """(V,) int64 map from target token id to draft-vocabulary index, -1 outside it."""
+    index = torch.full((vocab_size,), -1, dtype=torch.int64, device=draft_vocab.device)
+    index[draft_vocab] = torch.arange(draft_vocab.numel(), device=draft_vocab.device)
+    return index
+
+
+class EagleDrafter(DrafterModule):
+    kind = "eagle"
+
+    def __init__(
+        self,
+        target: str = DEFAULT_MODEL,
+        draft_vocab_size: int = 8192,
+        d_ff: int | None = None,
+        steps: int = 5,
+        step_decay: float = 0.8,
+        feature_weight: float = 1.0,
+        token_weight: float = 0.1,
+        lr: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int = 50,
+        weight_decay: float = 0.0,
+        tree_nodes: int = 16,
+        max_rank: int = 8,
+        export_dir: str | None = None,
+    ) -> None:
+        """
+        Args:
+            target: The frozen target model (name, directory or .gguf) the drafter is trained for.
+            draft_vocab_size: Tokens the drafter can propose: the most frequent ones in the training
+                answers (stop tokens always included); the head is the target's LM head rows of them.
+            d_ff: MLP width of the draft block (default: the target's).
+            steps: Drafting steps unrolled in training (training-time test); also the depth of the
+                validation ranks the simulated acceptance and the tree are computed from.
+            step_decay: Loss weight of step k is step_decay**k.
+            feature_weight: Weight of the feature regression (SmoothL1) loss.
+            token_weight: Weight of the token distillation (soft cross-entropy) loss.
+            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
+            min_lr_ratio: Final learning rate as a fraction of `lr`.
+            warmup_steps: Optimizer steps of warmup.
+            weight_decay: AdamW weight decay on matrices.
+            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
+            max_rank: Candidates per node considered when building the tree.
+            export_dir: Where the drafter package is written at the end of `fit` (default
+                `drafter/` next to the run's checkpoints).
+        """
+        if steps < 1 or not 0 < step_decay <= 1 or feature_weight < 0 or token_weight < 0:
+            raise ConfigError(f"need steps >= 1, 0 < step_decay <= 1 and non-negative loss weights, got "
+                              f"{steps}, {step_decay}, {feature_weight}, {token_weight}")
+        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
+                         max_rank, export_dir)
+        self.save_hyperparameters()
+        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        self.net = EagleNet(self.target.config, vocab, d_ff)
+        self.net.tie_head(self.target)
+        self.index: Tensor | None = None
+
+    def init_drafter(self, draft_vocab: Tensor) -> None:
+        self.net.init_from_target(self.target, draft_vocab)
+        self._initialised = True
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        vocab = checkpoint["state_dict"]["net.draft_vocab"]
+        self.net.draft_vocab.copy_(vocab)
+        self.net.tie_head(self.target)
+        checkpoint["state_dict"]["net.layer.lm_head.weight"] = self.net.head.weight.detach().clone()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"].pop("net.layer.lm_head.weight", None)  # rebuilt from the target
+
+    def _unroll(self, batch: dict[str, Tensor]) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
+        """The unrolled steps and the (B, T, C) target features."""
+        features = self.features(batch)
+        outputs = self.net.unrolled(features.to(self.net.fc.weight.dtype), batch["tokens"], self.target.embed,
+                                    self.hparams["steps"])
+        return outputs, features
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        outputs, features = self._unroll(batch)
+        tokens, lengths = batch["tokens"], batch["lengths"]
+        n = tokens.shape[1] - 1
+        with torch.no_grad():
+            target_probs = self.net.head(features.to(self.net.head.weight.dtype)).float().softmax(-1)  # (B, T, N)
+        start = torch.arange(n, device=tokens.device)[None]  # (1, n)
+        total = torch.zeros((), device=tokens.device)
+        parts: dict[str, Tensor] = {}
+        for k, (predicted, logits) in enumerate(outputs):
+            valid = (start + 2 + k < lengths[:, None]).float()  # (B, n): f_{i+1+k} exists (not after the last token)
+            count = valid.sum().clamp_min(1)
+            wanted = shift_left(features, 1 + k, n).float()
+            feature_loss = (F.smooth_l1_loss(predicted.float(), wanted, reduction="none").mean(-1) * valid).sum() / count
+            soft = shift_left(target_probs, 1 + k, n)
+            token_loss = (-(soft * logits.float().log_softmax(-1)).sum(-1) * valid).sum() / count
+            weight = self.hparams["step_decay"] ** k
+            total = total + weight * (self.hparams["feature_weight"] * feature_loss + self.hparams["token_weight"] * token_loss)
+            parts[f"feature_loss/d{k + 1}"] = feature_loss.detach()
+            parts[f"token_loss/d{k + 1}"] = token_loss.detach()
+        return total, parts
+
+    def ranks(self, batch: dict[str, Tensor]) -> Tensor:
+        outputs, _ = self._unroll(batch)
+        tokens, lengths, answer = batch["tokens"], batch["lengths"], batch["answer_mask"]
+        B, T = tokens.shape
+        n = T - 1
+        if self.index is None or self.index.device != tokens.device:
+            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
+        # Start i: the target has just emitted x_{i+1} (an answer token); depth d drafts x_{i+1+d}.
+        starts = answer[:, 1:]  # (B, n)
+        max_rank = self.hparams["max_rank"]
+        columns = []
+        for k, (_, logits) in enumerate(outputs):
+            label_pos = torch.arange(n, device=tokens.device)[None] + 2 + k  # (1, n)
+            labels = shift_left(tokens, 2 + k, n)  # (B, n)
+            labels = torch.where(label_pos < lengths[:, None], self.index[labels], -1)
+            columns.append(label_ranks(logits.flatten(0, 1).float(), labels.flatten(), max_rank).view(B, n))
+        return torch.stack(columns, dim=-1)[starts]  # (M, steps)
+
+    def package_config(self) -> dict[str, Any]:
+        return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff}
+
+    def package_weights(self) -> dict[str, Tensor]:
+        return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}
