@@ -74,3 +74,69 @@ def oracle_eagle_package(directory) -> tuple[Transformer, str]:
     package = DrafterPackage("eagle", DrafterPackage.describe_target(target, "oracle"),
                              {"draft_vocab_size": 64, "d_ff": target.config.d_ff}, net.trainable_state(), tree)
     return target, str(package.save(directory))
+
+
+def heads_package(target: Transformer, directory, kind: str, *, seed: int = 0, std: float = 0.3,
+                  num_heads: int = 4, num_layers: int = 1) -> str:
+    """An untrained Medusa or Hydra (`kind`) package for `target`: random head weights, a draft
+    vocabulary of all but the last eighth of the tokens, a 6-node static tree; saved in `directory`."""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.medusa import HydraHeads, MedusaHeads
+
+    torch.manual_seed(seed)
+    vocab = target.config.vocab_size - target.config.vocab_size // 8
+    heads = {"medusa": MedusaHeads, "hydra": HydraHeads}[kind]
+    net = heads(target.config.d_model, vocab, num_heads, num_layers)
+    net.init_from_target(target, torch.arange(vocab))
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * std)
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    config = {"draft_vocab_size": vocab, "num_heads": num_heads, "num_layers": num_layers}
+    package = DrafterPackage(kind, DrafterPackage.describe_target(target, "tiny"), config, net.trainable_state(), tree)
+    return str(package.save(directory))
+
+
+def oracle_heads_package(directory, kind: str) -> tuple[Transformer, str]:
+    """A target whose greedy token after x is always π(x) = (5x + 3) mod 64, whatever came before (one
+    block whose attention and MLP add nothing, one-hot embeddings, an LM head that permutes), and
+    heads (`kind` medusa or hydra, 4 of them) that compute the target's future exactly:
+
+    * Medusa head k maps the feature 8·e_x of x_i to 8·e_x + 16·e_{π^k(x)} (W = 2 Π^k in its block,
+      outweighing the residual), which the LM head reads as π^{k+1}(x_i) = x_{i+1+k};
+    * Hydra head k passes the embedding of x_{i+k}, the last token it reads, through its skip
+      projection, which the LM head reads as π(x_{i+k}).
+
+    Every draft is the target's greedy continuation, so every draft is accepted: this checks that the
+    drafter reads the feature of the right position and feeds Hydra's heads the right tokens."""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.medusa import HydraHeads, MedusaHeads
+
+    V = 64
+    target = random_model(seed=5, std=0.3, vocab_size=V, n_layer=1, n_head=4, n_kv_head=2, d_model=V, d_ff=64,
+                          max_seq_len=256, tie_embeddings=False)
+    perm = (torch.arange(V) * 5 + 3) % V  # π, without fixed points
+    shift = torch.eye(V)[perm].T  # Π: Π e_x = e_{π(x)}
+    assert target.lm_head is not None
+    with torch.no_grad():
+        target.blocks[0].attn.o_proj.weight.zero_()
+        target.blocks[0].mlp.down_proj.weight.zero_()
+        target.embed.weight.copy_(torch.eye(V))
+        target.lm_head.weight.copy_(shift)  # logits after x: Π e_x = e_{π(x)}
+    num_layers = {"medusa": 1, "hydra": 2}[kind]
+    net = {"medusa": MedusaHeads, "hydra": HydraHeads}[kind](V, V, 4, num_layers)
+    net.init_from_target(target, torch.arange(V))
+    with torch.no_grad():
+        for k, block in enumerate(net.blocks()[::num_layers], start=1):
+            if kind == "medusa":
+                block.linear.weight.copy_(2 * torch.linalg.matrix_power(shift, k))
+            else:
+                assert block.skip is not None
+                block.skip.weight.zero_()
+                block.skip.weight[:, k * V:].copy_(torch.eye(V))
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    config = {"draft_vocab_size": V, "num_heads": 4, "num_layers": num_layers}
+    package = DrafterPackage(kind, DrafterPackage.describe_target(target, "oracle"), config, net.trainable_state(),
+                             tree)
+    return target, str(package.save(directory))

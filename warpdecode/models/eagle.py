@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
+from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import Block, Transformer, rotate_half
 
@@ -66,20 +67,19 @@ def shift_left(x: Tensor, by: int, length: int) -> Tensor:
     return torch.cat([out, pad], dim=1)
 
 
-class EagleNet(nn.Module):
+class EagleNet(DraftVocabNet):
     """fc + one decoder block + norm + frozen reduced LM head. The token embedding is the target's
     (passed in, never stored here)."""
 
-    draft_vocab: Tensor  # (N,) int64: target token id of each draft-vocabulary entry (a buffer)
+    head_key = "layer.lm_head.weight"
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> None:
-        super().__init__()
+        super().__init__(draft_vocab_size)
         self.config = eagle_config(target_config, draft_vocab_size, d_ff)
         C = target_config.d_model
         self.fc = Linear(2 * C, C, bias=True)
         self.layer = Transformer(self.config)
         del self.layer.embed  # the pair input replaces the token embedding (`inputs_embeds`)
-        self.register_buffer("draft_vocab", torch.arange(draft_vocab_size), persistent=True)
 
     @property
     def head(self) -> Linear:
@@ -104,14 +104,9 @@ class EagleNet(nn.Module):
             self.draft_vocab.copy_(draft_vocab)
         self.tie_head(target)
 
-    def tie_head(self, target: Transformer) -> None:
-        """Set the (frozen) head to the target's LM head rows of `draft_vocab`."""
-        rows = target.output_embeddings().detach()[self.draft_vocab.to(target.output_embeddings().device)]
-        self.head.weight = nn.Parameter(rows.to(self.fc.weight.dtype).clone(), requires_grad=False)
-
-    def trainable_state(self) -> dict[str, Tensor]:
-        """The weights a drafter package stores: everything but the head (rebuilt from the target)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("layer.lm_head.")}
+    def pack(self) -> None:
+        self.layer.pack_for_cpu_inference()
+        self.fc.pack()
 
     def pair_inputs(self, features: Tensor, tokens: Tensor, embed: nn.Embedding) -> Tensor:
         """features (B, T, C) and next tokens (B, T) → block inputs (B, T, C)."""

@@ -29,9 +29,10 @@ from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.errors import WarpdecodeError
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.eagle import EagleDrafter
+from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (CausalLM, CorpusDataModule, EagleDrafter, SelfDistillDataModule)
+REGISTERED = (CausalLM, CorpusDataModule, EagleDrafter, HydraDrafter, MedusaDrafter, SelfDistillDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")
 DEFAULT_SEED = 0
 

@@ -9,6 +9,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     fused,
     layer_skip,
     lookahead,
+    medusa,
     prompt_lookup,
     quantized_self,
     retrieval,

@@ -1,0 +1,176 @@
+"""What the drafters running a trained drafter package share (EAGLE, Medusa, Hydra).
+
+* `PackagedDrafter.prepare` reads the package once, refuses a package trained for another target
+  (`CheckpointError`), rebuilds the network with its frozen head tied to the target
+  (`models.draft_head`) and asks for the target's final features.
+* Tree shapes (`tree=`): `static`, the rank paths stored with the package (built from validation
+  ranks by `metrics.drafting.tree_from_ranks`) cut to `num_nodes`; `chain`, `num_tokens` top-1 tokens.
+* `fill_shape` turns a shape into a `DraftTree` depth by depth: a node of rank path (r_1, ..., r_d)
+  takes candidate r_d of its parent's ranked candidates.
+
+Draft tokens are the drafter's top-ranked ones (deterministic trees, `draft_probs` None): lossless
+under every lossless verifier, greedy or sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.tree import DraftTree
+from warpdecode.decoding.tree_shapes import RankPath
+from warpdecode.errors import ConfigError
+from warpdecode.metrics.drafting import chain
+from warpdecode.models.draft_head import DraftVocabNet
+from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.transformer import Transformer
+
+NetT = TypeVar("NetT", bound=DraftVocabNet)
+
+
+@dataclass(frozen=True)
+class ShapeLayout:
+    """The nodes of a static shape (rank paths, parents first) as a tree.
+
+    Example: shape [(0,), (1,), (0, 0), (0, 1)] → parents [-1, -1, 0, 0], depths [1, 1, 2, 2],
+    ranks [0, 1, 0, 1], expand {0}, width 2.
+    """
+
+    parents: list[int]
+    depths: list[int]
+    ranks: list[int]
+    """Each node's rank among its parent's candidates."""
+    expand: frozenset[int]
+    """Nodes with children."""
+
+    @classmethod
+    def of(cls, shape: list[RankPath]) -> ShapeLayout:
+        index = {path: i for i, path in enumerate(shape)}
+        parents = [index[p[:-1]] if len(p) > 1 else -1 for p in shape]
+        return cls(parents, [len(p) for p in shape], [p[-1] for p in shape], frozenset(p for p in parents if p >= 0))
+
+    @property
+    def width(self) -> int:
+        """Candidates to rank per node: one more than the largest rank."""
+        return 1 + max(self.ranks, default=0)
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from depth 1 down to `node`."""
+        nodes = []
+        while node >= 0:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
+
+RankChildren = Callable[[int, list[int], list[int]], list[list[int]]]
+"""`(depth, grow, tokens)` → ranked candidate tokens of each node of `grow` (the nodes at `depth`
+that have children, in node order); `tokens` holds every node's token up to `depth`."""
+
+
+def fill_shape(layout: ShapeLayout, root: list[int], rank_children: RankChildren) -> DraftTree:
+    """The tree of `layout`, filled depth by depth from the pending token's ranked candidates `root`."""
+    ranked: dict[int, list[int]] = {-1: root}
+    tokens = [0] * len(layout.parents)
+    for depth in range(1, max(layout.depths, default=0) + 1):
+        level = [i for i, d in enumerate(layout.depths) if d == depth]
+        for i in level:
+            tokens[i] = ranked[layout.parents[i]][layout.ranks[i]]
+        grow = [i for i in level if i in layout.expand]
+        if grow:
+            ranked.update(zip(grow, rank_children(depth, grow, tokens), strict=True))
+    return DraftTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(layout.parents, dtype=torch.int64))
+
+
+def ranked_tokens(logits: Tensor, draft_vocab: Tensor, width: int) -> list[list[int]]:
+    """The `width` best candidates of each row, as target token ids.
+
+    Args:
+        logits: (M, N) draft-vocabulary scores.
+        draft_vocab: (N,) int64 target token id of each draft-vocabulary entry.
+    Returns:
+        M lists of `min(width, N)` token ids, best first.
+    """
+    return draft_vocab[logits.topk(min(width, logits.shape[-1]), dim=-1).indices].tolist()
+
+
+class PackagedDrafter(Generic[NetT]):
+    """Base of the drafters that run a package of `kind`; subclasses build the network (`build`) and propose."""
+
+    kind: ClassVar[str]
+    trees: ClassVar[tuple[str, ...]] = ("static", "chain")
+    needs_training: ClassVar[bool] = True
+
+    def __init__(self, path: str, tree: str, num_nodes: int | None, num_tokens: int | None) -> None:
+        if tree not in self.trees:
+            raise ConfigError(f"{self.kind} tree must be one of {', '.join(self.trees)}, got {tree!r}")
+        for name, value in (("num_nodes", num_nodes), ("num_tokens", num_tokens)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{self.kind} {name} must be >= 1, got {value}")
+        if not Path(path).exists():
+            raise ConfigError(f"{self.kind} drafter package {path!r} not found")
+        self.path, self.tree, self.num_nodes, self.num_tokens = path, tree, num_nodes, num_tokens
+        self.needs_hidden_states: tuple[int, ...] = ()
+        self.package: DrafterPackage | None = None
+        self.net: NetT | None = None
+        self.checked: Transformer | None = None
+        self.shape: list[RankPath] = []
+
+    def build(self, target: Transformer, config: dict[str, Any]) -> NetT:
+        """An untrained network of the package's `config` for `target`."""
+        raise NotImplementedError
+
+    def prepare(self, target: Transformer) -> None:
+        if self.package is None:
+            self.package = DrafterPackage.load(self.path, self.kind)
+        if self.checked is not target:
+            self.package.check_target(target)
+            net = self.build(target, self.package.config)
+            missing, unexpected = net.load_state_dict(self.package.weights, strict=False)
+            if unexpected or set(missing) != {net.head_key}:
+                raise ConfigError(f"{self.path}: drafter weights do not match its config "
+                                  f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+            net.tie_head(target)
+            net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
+            net.pack()
+            self.net, self.checked = net, target
+            self.needs_hidden_states = (target.config.n_layer,)
+            self.shape = self.tree_shape(net)
+
+    def tree_shape(self, net: NetT) -> list[RankPath]:
+        """The rank paths of `tree` (static or chain); ConfigError if `net` cannot fill them."""
+        assert self.package is not None
+        limit = self.max_depth(net)
+        if self.tree == "chain":
+            length = self.num_tokens or limit
+            assert length is not None, "a drafter without a depth limit needs a default num_tokens"
+            shape = chain(length)
+        else:
+            stored = [tuple(p) for p in self.package.tree.get("rank_paths", [])]
+            if self.tree == "static" and not stored:
+                raise ConfigError(f"{self.path} stores no draft tree (trained without validation); "
+                                  f"use tree={' or '.join(t for t in self.trees if t != 'static')}")
+            shape = stored[: self.num_nodes] if self.num_nodes is not None else stored
+        vocab = net.draft_vocab.numel()
+        if shape and max(max(p) for p in shape) >= vocab:
+            raise ConfigError(f"{self.path}: the tree ranks beyond the {vocab}-token draft vocabulary")
+        if limit is not None and shape and max(len(p) for p in shape) > limit:
+            raise ConfigError(f"{self.kind} drafts at most {limit} tokens deep (its heads), but the {self.tree} "
+                              f"tree is {max(len(p) for p in shape)} deep")
+        return shape
+
+    def max_depth(self, net: NetT) -> int | None:
+        """The deepest draft `net` can make; None when unbounded."""
+        return None
+
+    def full_logits(self, logits: Tensor) -> Tensor:
+        """(N,) draft-vocabulary logits → (V,) target-vocabulary logits, -inf outside the draft vocabulary."""
+        assert self.net is not None and self.checked is not None
+        full = torch.full((self.checked.config.vocab_size,), float("-inf"), dtype=logits.dtype, device=logits.device)
+        full[self.net.draft_vocab] = logits
+        return full

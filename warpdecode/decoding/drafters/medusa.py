@@ -1,0 +1,106 @@
+"""Medusa-1 and Hydra drafting: K trained heads (`models/medusa.py`) guess the next K tokens.
+
+All the heads read is the target's final feature at the last accepted position, the one that
+predicted the pending token (the last row of `state.hidden_states[L]`); head d drafts depth d.
+
+* `medusa`: the heads run once per step. A node at depth d of rank r takes head d's r-th candidate
+  whatever its parent (Medusa's Cartesian-product tree: sibling subtrees repeat the same tokens).
+* `hydra`: head d also reads the embeddings of the pending token and of the node's path to depth
+  d-1, so the tree grows depth by depth: head d runs once, batched, on every node of depth d-1 that
+  has children, each with its own path.
+
+Tree shapes (`tree=`): `static` (default; the tree stored with the package) or `chain`, see
+`learned.py`; no tree is deeper than the K heads. Deterministic trees: lossless under every lossless
+verifier.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar, cast
+
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, fill_shape, ranked_tokens
+from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.registry import register
+from warpdecode.decoding.tree import DraftTree
+from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
+from warpdecode.models.transformer import Transformer
+
+HeadsT = TypeVar("HeadsT", bound=FutureHeads)
+
+
+class HeadsDraft(PackagedDrafter[HeadsT]):
+    """What Medusa and Hydra share: options, the network, the depth limit, no per-request state."""
+
+    net_class: ClassVar[type[FutureHeads]]
+
+    def __init__(self, path: str, tree: str = "static", num_nodes: int | None = None,
+                 num_tokens: int | None = None) -> None:
+        """Args:
+        path: a drafter package trained with `warpdecode fit --config configs/drafters/<kind>.yaml`.
+        tree: `static` (the tree stored with the drafter) or `chain`.
+        num_nodes: static tree size (default: the stored tree's size).
+        num_tokens: chain length, at most the number of heads (default: all of them).
+        """
+        super().__init__(path, tree, num_nodes, num_tokens)
+
+    def build(self, target: Transformer, config: dict[str, Any]) -> HeadsT:
+        net = self.net_class(target.config.d_model, config["draft_vocab_size"], config["num_heads"],
+                             config["num_layers"])
+        return cast(HeadsT, net)
+
+    def max_depth(self, net: HeadsT) -> int:
+        return net.num_heads
+
+    def start(self, state: DecodeState) -> None:
+        pass
+
+    def observe(self, state: DecodeState, result: AcceptResult) -> None:
+        pass
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        if budget < 1 or not self.shape:
+            return DraftTree.empty()
+        feature = state.hidden_states[self.needs_hidden_states[0]][-1:]  # (1, C): predicted the pending token
+        return self.fill(ShapeLayout.of(self.shape[:budget]), feature, state.pending)
+
+    def fill(self, layout: ShapeLayout, feature: Tensor, pending: int) -> DraftTree:
+        """The tree of `layout` drafted from `feature` (1, C), which predicted the `pending` token."""
+        raise NotImplementedError
+
+
+@register("drafter", "medusa")
+class MedusaDraft(HeadsDraft[MedusaHeads]):
+    kind = "medusa"
+
+    net_class = MedusaHeads
+
+    def fill(self, layout: ShapeLayout, feature: Tensor, pending: int) -> DraftTree:
+        assert self.net is not None, "prepare() must run first"
+        ranked = ranked_tokens(self.net(feature)[0], self.net.draft_vocab, layout.width)  # per head
+        return fill_shape(layout, ranked[0], lambda depth, grow, tokens: [ranked[depth]] * len(grow))
+
+
+@register("drafter", "hydra")
+class HydraDraft(HeadsDraft[HydraHeads]):
+    kind = "hydra"
+
+    net_class = HydraHeads
+
+    def fill(self, layout: ShapeLayout, feature: Tensor, pending: int) -> DraftTree:
+        net, target = self.net, self.checked
+        assert net is not None and target is not None, "prepare() must run first"
+
+        def run(depth: int, paths: list[list[int]]) -> list[list[int]]:
+            """Head `depth` on one row per path (the tokens after the pending one, depth - 1 each)."""
+            tokens = torch.tensor([[pending] + p for p in paths], device=feature.device)  # (M, depth)
+            logits = net.step(depth, feature.expand(len(paths), -1), target.embed(tokens))
+            return ranked_tokens(logits, net.draft_vocab, layout.width)
+
+        def rank_children(depth: int, grow: list[int], tokens: list[int]) -> list[list[int]]:
+            return run(depth + 1, [[tokens[j] for j in layout.path(i)] for i in grow])
+
+        return fill_shape(layout, run(1, [[]])[0], rank_children)

@@ -1,0 +1,47 @@
+"""The frozen reduced-vocabulary LM head every learned drafter network drafts through (FR-Spec / EAGLE-3).
+
+A drafter proposes only tokens of its *draft vocabulary*, the `draft_vocab` (N,) most frequent
+target token ids of its training answers. Its head is the target's LM-head rows of those ids,
+frozen and never stored: a drafter package holds `trainable_state()` and the head is rebuilt from
+the target (`tie_head`) when the package is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from warpdecode.models.packed_linear import Linear
+from warpdecode.models.transformer import Transformer
+
+
+class DraftVocabNet(nn.Module):
+    """Base of the drafter networks: the `draft_vocab` buffer and the frozen head found at `head_key`."""
+
+    draft_vocab: Tensor  # (N,) int64: target token id of each draft-vocabulary entry (a buffer)
+    head_key: ClassVar[str]
+    """State-dict key of the frozen head's weight (a bias-free `Linear` (N, C))."""
+
+    def __init__(self, draft_vocab_size: int) -> None:
+        super().__init__()
+        self.register_buffer("draft_vocab", torch.arange(draft_vocab_size), persistent=True)
+
+    def frozen_head(self) -> Linear:
+        return cast(Linear, self.get_submodule(self.head_key.removesuffix(".weight")))
+
+    def tie_head(self, target: Transformer) -> None:
+        """Set the (frozen) head to the target's LM head rows of `draft_vocab`."""
+        head = self.frozen_head()
+        embeddings = target.output_embeddings().detach()
+        rows = embeddings[self.draft_vocab.to(embeddings.device)]
+        head.weight = nn.Parameter(rows.to(head.weight.dtype).clone(), requires_grad=False)
+
+    def pack(self) -> None:
+        """Give the linear layers oneDNN-packed weight copies for CPU inference (`packed_linear`)."""
+        raise NotImplementedError
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """The weights a drafter package stores: everything but the head (rebuilt from the target)."""
+        return {k: v for k, v in self.state_dict().items() if k != self.head_key}

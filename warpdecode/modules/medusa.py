@@ -1,0 +1,162 @@
+"""Train Medusa-1 and Hydra heads (`models/medusa.py`) on a frozen target, by teacher distillation.
+
+Head k at position i scores x_{i+1+k}; its loss is the soft cross-entropy against the target's own
+distribution of that token, the softmax of the frozen draft head over the target feature f_{i+k}
+(Hydra++'s teacher loss; the data are the target's greedy answers, so this keeps their labels and
+adds the rest of the distribution). Heads are weighted `head_decay**(k-1)` (Medusa's λ_k = 0.8^k up
+to a constant) and averaged over the positions where x_{i+1+k} exists, prompt positions included.
+Hydra's head k reads the true tokens x_{i+1}..x_{i+k} (teacher forcing), as a tree path whose
+tokens were all accepted does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from warpdecode.errors import ConfigError
+from warpdecode.metrics.drafting import label_ranks
+from warpdecode.models.eagle import shift_left
+from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
+from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.modules.drafter import DrafterModule
+from warpdecode.modules.eagle import vocab_index
+
+
+class FutureHeadsDrafter(DrafterModule):
+    """What Medusa and Hydra share: subclasses name their network (`net_class`) and its default depth."""
+
+    net_class: ClassVar[type[FutureHeads]]
+    default_layers: ClassVar[int]
+
+    def __init__(
+        self,
+        target: str = DEFAULT_MODEL,
+        draft_vocab_size: int = 8192,
+        num_heads: int = 4,
+        num_layers: int | None = None,
+        head_decay: float = 0.8,
+        lr: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int = 50,
+        weight_decay: float = 0.0,
+        tree_nodes: int = 16,
+        max_rank: int = 8,
+        export_dir: str | None = None,
+    ) -> None:
+        """
+        Args:
+            target: The frozen target model (name, directory or .gguf) the heads are trained for.
+            draft_vocab_size: Tokens the heads can propose: the most frequent ones in the training
+                answers (stop tokens always included); the frozen head is the target's LM head rows of them.
+            num_heads: Heads K: head k drafts the token k places after the one the target emits.
+            num_layers: Blocks per head (default: 1 for Medusa, 2 for Hydra).
+            head_decay: Loss weight of head k is head_decay**(k-1).
+            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
+            min_lr_ratio: Final learning rate as a fraction of `lr`.
+            warmup_steps: Optimizer steps of warmup.
+            weight_decay: AdamW weight decay on matrices.
+            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
+            max_rank: Candidates per node considered when building the tree.
+            export_dir: Where the drafter package is written at the end of `fit` (default
+                `drafter/` next to the run's checkpoints).
+        """
+        layers = self.default_layers if num_layers is None else num_layers
+        if num_heads < 1 or layers < 1 or not 0 < head_decay <= 1:
+            raise ConfigError(f"need num_heads >= 1, num_layers >= 1 and 0 < head_decay <= 1, got "
+                              f"{num_heads}, {layers}, {head_decay}")
+        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
+                         max_rank, export_dir)
+        self.save_hyperparameters()
+        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        self.net = self.net_class(self.target.config.d_model, vocab, num_heads, layers)
+        self.net.tie_head(self.target)
+        self.index: Tensor | None = None
+
+    def logits(self, batch: dict[str, Tensor], features: Tensor) -> Tensor:
+        """(B, T, K, N) head logits at every position from the batch's `features` (B, T, C)."""
+        raise NotImplementedError
+
+    def init_drafter(self, draft_vocab: Tensor) -> None:
+        self.net.init_from_target(self.target, draft_vocab)
+        self._initialised = True
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.net.draft_vocab.copy_(checkpoint["state_dict"]["net.draft_vocab"])
+        self.net.tie_head(self.target)
+        checkpoint["state_dict"][f"net.{self.net.head_key}"] = self.net.frozen_head().weight.detach().clone()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"].pop(f"net.{self.net.head_key}", None)  # rebuilt from the target
+
+    def _logits(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Head logits (B, T, K, N) and target features (B, T, C) in the heads' dtype."""
+        features = self.features(batch).to(self.net.head.weight.dtype)
+        return self.logits(batch, features), features
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        logits, features = self._logits(batch)
+        tokens, lengths = batch["tokens"], batch["lengths"]
+        T = tokens.shape[1]
+        with torch.no_grad():
+            target_probs = self.net.head(features).float().softmax(-1)  # (B, T, N): entry i is x_{i+1}'s
+        position = torch.arange(T, device=tokens.device)[None]  # (1, T)
+        total = torch.zeros((), device=tokens.device)
+        parts: dict[str, Tensor] = {}
+        for k in range(1, self.net.num_heads + 1):
+            valid = (position + 1 + k < lengths[:, None]).float()  # (B, T): x_{i+1+k} exists
+            soft = shift_left(target_probs, k, T)  # (B, T, N): the target's distribution of x_{i+1+k}
+            ce = -(soft * logits[:, :, k - 1].float().log_softmax(-1)).sum(-1)  # (B, T)
+            head_loss = (ce * valid).sum() / valid.sum().clamp_min(1)
+            total = total + self.hparams["head_decay"] ** (k - 1) * head_loss
+            parts[f"token_loss/d{k}"] = head_loss.detach()
+        return total, parts
+
+    def ranks(self, batch: dict[str, Tensor]) -> Tensor:
+        logits, _ = self._logits(batch)
+        tokens, lengths, answer = batch["tokens"], batch["lengths"], batch["answer_mask"]
+        B, T = tokens.shape
+        n = T - 1
+        if self.index is None or self.index.device != tokens.device:
+            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
+        # Start i: the target has just emitted x_{i+1} (an answer token); head k drafts x_{i+1+k}.
+        starts = answer[:, 1:]  # (B, n)
+        columns = []
+        for k in range(1, self.net.num_heads + 1):
+            label_pos = torch.arange(n, device=tokens.device)[None] + 1 + k  # (1, n)
+            labels = torch.where(label_pos < lengths[:, None], self.index[shift_left(tokens, 1 + k, n)], -1)  # (B, n)
+            head = logits[:, :n, k - 1].flatten(0, 1).float()  # (B * n, N)
+            columns.append(label_ranks(head, labels.flatten(), self.hparams["max_rank"]).view(B, n))
+        return torch.stack(columns, dim=-1)[starts]  # (M, K)
+
+    def package_config(self) -> dict[str, Any]:
+        return {"draft_vocab_size": int(self.net.draft_vocab.numel()), "num_heads": self.net.num_heads,
+                "num_layers": self.net.num_layers}
+
+    def package_weights(self) -> dict[str, Tensor]:
+        return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}
+
+
+class MedusaDrafter(FutureHeadsDrafter):
+    """Medusa-1 heads: each head reads the target feature alone."""
+
+    kind = "medusa"
+    net_class = MedusaHeads
+    default_layers = 1
+
+    def logits(self, batch: dict[str, Tensor], features: Tensor) -> Tensor:
+        return self.net(features)
+
+
+class HydraDrafter(FutureHeadsDrafter):
+    """Hydra heads: head k also reads the embeddings of the k tokens between the feature and its prediction."""
+
+    kind = "hydra"
+    net_class = HydraHeads
+    default_layers = 2
+
+    def logits(self, batch: dict[str, Tensor], features: Tensor) -> Tensor:
+        return self.net(features, batch["tokens"], self.target.embed)
