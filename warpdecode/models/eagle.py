@@ -113,7 +113,8 @@ class EagleNet(DraftVocabNet):
         return self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))
 
     def forward(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor,
-                cache: KVCache | None = None, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                cache: KVCache | None = None, attention_mask: Tensor | None = None,
+                logits_slice: slice | None = None) -> tuple[Tensor, Tensor]:
         """Run pairs through the draft (inference: appends to `cache`).
 
         Args:
@@ -121,11 +122,13 @@ class EagleNet(DraftVocabNet):
             tokens: (B, T) int64 token following each feature.
             positions: (B, T) int64 position of each pair (its token's position).
             attention_mask: (B, T, T) bool among the new pairs (a tree), or None (causal).
+            logits_slice: compute logits only for this slice of the T pairs (drafting needs few).
         Returns:
-            predicted next features (B, T, C) and draft-vocabulary logits (B, T, N).
+            predicted next features (B, T, C) and draft-vocabulary logits (B, T', N) of the slice.
         """
         x = self.pair_inputs(features, tokens, embed)
-        out = self.layer(tokens, positions, cache, attention_mask, hidden_layers=(1,), inputs_embeds=x)
+        out = self.layer(tokens, positions, cache, attention_mask, hidden_layers=(1,), inputs_embeds=x,
+                         logits_slice=logits_slice)
         return out.hidden_states[1], out.logits
 
     def unrolled(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, steps: int) -> list[tuple[Tensor, Tensor]]:

@@ -24,9 +24,11 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.metrics.drafting import DraftRanks, chain, simulated_tau, tree_from_ranks
+from warpdecode.metrics.drafting import DraftRanks, chain, label_ranks, simulated_tau, tree_from_ranks
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.eagle import shift_left
 from warpdecode.models.transformer import Transformer
 from warpdecode.modules.causal_lm import warmup_cosine
 
@@ -43,10 +45,19 @@ def frequent_tokens(counts: Tensor, size: int, always: list[int]) -> Tensor:
     return order[:size].sort().values
 
 
+def vocab_index(draft_vocab: Tensor, vocab_size: int) -> Tensor:
+    """(V,) int64 map from target token id to draft-vocabulary index, -1 outside it."""
+    index = torch.full((vocab_size,), -1, dtype=torch.int64, device=draft_vocab.device)
+    index[draft_vocab] = torch.arange(draft_vocab.numel(), device=draft_vocab.device)
+    return index
+
+
 class DrafterModule(LightningModule):
-    """Base class: subclasses build `self.net` in `build`, and implement `step_outputs` and `package_config`."""
+    """Base class: subclasses set `self.net` (a `DraftVocabNet`) and implement `init_drafter`, `loss`,
+    `ranks` and `package_config`."""
 
     kind: str = ""
+    net: DraftVocabNet
 
     def __init__(self, target: str, draft_vocab_size: int, lr: float, min_lr_ratio: float, warmup_steps: int,
                  weight_decay: float, tree_nodes: int, max_rank: int, export_dir: str | None) -> None:
@@ -62,6 +73,7 @@ class DrafterModule(LightningModule):
         self.fit_started = 0.0
         self.tokens_seen = 0
         self.package_dir: Path | None = None
+        self.index: Tensor | None = None
 
     @property
     def target(self) -> Transformer:
@@ -93,6 +105,12 @@ class DrafterModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._initialised = True
+        self.net.draft_vocab.copy_(checkpoint["state_dict"]["net.draft_vocab"])
+        self.net.tie_head(self.target)
+        checkpoint["state_dict"][f"net.{self.net.head_key}"] = self.net.frozen_head().weight.detach().clone()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"].pop(f"net.{self.net.head_key}", None)  # rebuilt from the target
 
     def features(self, batch: dict[str, Tensor]) -> Tensor:
         """(B, T, C) target features of the batch: cached, or computed now by the frozen target."""
@@ -110,6 +128,16 @@ class DrafterModule(LightningModule):
     def ranks(self, batch: dict[str, Tensor]) -> Tensor:
         """(M, D) ranks of the true continuation at depths 1..D from every start position inside an answer."""
         raise NotImplementedError
+
+    def ranks_of(self, logits: Tensor, batch: dict[str, Tensor], ahead: int) -> Tensor:
+        """(B, n) rank of x_{i+ahead} among `logits` (B, n, N) at each start i (n = T - 1)."""
+        tokens, lengths = batch["tokens"], batch["lengths"]
+        if self.index is None or self.index.device != tokens.device:
+            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
+        B, n = logits.shape[:2]
+        position = torch.arange(n, device=tokens.device)[None] + ahead  # (1, n)
+        labels = torch.where(position < lengths[:, None], self.index[shift_left(tokens, ahead, n)], -1)  # (B, n)
+        return label_ranks(logits.flatten(0, 1).float(), labels.flatten(), self.hparams["max_rank"]).view(B, n)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, parts = self.loss(batch)
@@ -160,7 +188,7 @@ class DrafterModule(LightningModule):
         raise NotImplementedError
 
     def package_weights(self) -> dict[str, Tensor]:
-        raise NotImplementedError
+        return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}
 
     def export_path(self) -> Path:
         if self.hparams["export_dir"]:

@@ -15,21 +15,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.metrics.drafting import label_ranks
 from warpdecode.models.eagle import EagleNet, shift_left
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule
 
 
-def vocab_index(draft_vocab: Tensor, vocab_size: int) -> Tensor:
-    """(V,) int64 map from target token id to draft-vocabulary index, -1 outside it."""
-    index = torch.full((vocab_size,), -1, dtype=torch.int64, device=draft_vocab.device)
-    index[draft_vocab] = torch.arange(draft_vocab.numel(), device=draft_vocab.device)
-    return index
-
-
 class EagleDrafter(DrafterModule):
     kind = "eagle"
+    net: EagleNet
 
     def __init__(
         self,
@@ -77,21 +70,10 @@ class EagleDrafter(DrafterModule):
         vocab = min(draft_vocab_size, self.target.config.vocab_size)
         self.net = EagleNet(self.target.config, vocab, d_ff)
         self.net.tie_head(self.target)
-        self.index: Tensor | None = None
 
     def init_drafter(self, draft_vocab: Tensor) -> None:
         self.net.init_from_target(self.target, draft_vocab)
         self._initialised = True
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        vocab = checkpoint["state_dict"]["net.draft_vocab"]
-        self.net.draft_vocab.copy_(vocab)
-        self.net.tie_head(self.target)
-        checkpoint["state_dict"]["net.layer.lm_head.weight"] = self.net.head.weight.detach().clone()
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"].pop("net.layer.lm_head.weight", None)  # rebuilt from the target
 
     def _unroll(self, batch: dict[str, Tensor]) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
         """The unrolled steps and the (B, T, C) target features."""
@@ -124,24 +106,9 @@ class EagleDrafter(DrafterModule):
 
     def ranks(self, batch: dict[str, Tensor]) -> Tensor:
         outputs, _ = self._unroll(batch)
-        tokens, lengths, answer = batch["tokens"], batch["lengths"], batch["answer_mask"]
-        B, T = tokens.shape
-        n = T - 1
-        if self.index is None or self.index.device != tokens.device:
-            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
-        # Start i: the target has just emitted x_{i+1} (an answer token); depth d drafts x_{i+1+d}.
-        starts = answer[:, 1:]  # (B, n)
-        max_rank = self.hparams["max_rank"]
-        columns = []
-        for k, (_, logits) in enumerate(outputs):
-            label_pos = torch.arange(n, device=tokens.device)[None] + 2 + k  # (1, n)
-            labels = shift_left(tokens, 2 + k, n)  # (B, n)
-            labels = torch.where(label_pos < lengths[:, None], self.index[labels], -1)
-            columns.append(label_ranks(logits.flatten(0, 1).float(), labels.flatten(), max_rank).view(B, n))
-        return torch.stack(columns, dim=-1)[starts]  # (M, steps)
+        # Start i: the target has just emitted x_{i+1} (an answer token); step k drafts x_{i+2+k}.
+        columns = [self.ranks_of(logits, batch, 2 + k) for k, (_, logits) in enumerate(outputs)]
+        return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, steps)
 
     def package_config(self) -> dict[str, Any]:
         return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff}
-
-    def package_weights(self) -> dict[str, Tensor]:
-        return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}

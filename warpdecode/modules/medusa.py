@@ -17,18 +17,17 @@ import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.metrics.drafting import label_ranks
 from warpdecode.models.eagle import shift_left
 from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule
-from warpdecode.modules.eagle import vocab_index
 
 
 class FutureHeadsDrafter(DrafterModule):
     """What Medusa and Hydra share: subclasses name their network (`net_class`) and its default depth."""
 
     net_class: ClassVar[type[FutureHeads]]
+    net: FutureHeads
     default_layers: ClassVar[int]
 
     def __init__(
@@ -73,7 +72,6 @@ class FutureHeadsDrafter(DrafterModule):
         vocab = min(draft_vocab_size, self.target.config.vocab_size)
         self.net = self.net_class(self.target.config.d_model, vocab, num_heads, layers)
         self.net.tie_head(self.target)
-        self.index: Tensor | None = None
 
     def logits(self, batch: dict[str, Tensor], features: Tensor) -> Tensor:
         """(B, T, K, N) head logits at every position from the batch's `features` (B, T, C)."""
@@ -82,15 +80,6 @@ class FutureHeadsDrafter(DrafterModule):
     def init_drafter(self, draft_vocab: Tensor) -> None:
         self.net.init_from_target(self.target, draft_vocab)
         self._initialised = True
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.net.draft_vocab.copy_(checkpoint["state_dict"]["net.draft_vocab"])
-        self.net.tie_head(self.target)
-        checkpoint["state_dict"][f"net.{self.net.head_key}"] = self.net.frozen_head().weight.detach().clone()
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"].pop(f"net.{self.net.head_key}", None)  # rebuilt from the target
 
     def _logits(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Head logits (B, T, K, N) and target features (B, T, C) in the heads' dtype."""
@@ -117,27 +106,14 @@ class FutureHeadsDrafter(DrafterModule):
 
     def ranks(self, batch: dict[str, Tensor]) -> Tensor:
         logits, _ = self._logits(batch)
-        tokens, lengths, answer = batch["tokens"], batch["lengths"], batch["answer_mask"]
-        B, T = tokens.shape
-        n = T - 1
-        if self.index is None or self.index.device != tokens.device:
-            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
+        n = logits.shape[1] - 1
         # Start i: the target has just emitted x_{i+1} (an answer token); head k drafts x_{i+1+k}.
-        starts = answer[:, 1:]  # (B, n)
-        columns = []
-        for k in range(1, self.net.num_heads + 1):
-            label_pos = torch.arange(n, device=tokens.device)[None] + 1 + k  # (1, n)
-            labels = torch.where(label_pos < lengths[:, None], self.index[shift_left(tokens, 1 + k, n)], -1)  # (B, n)
-            head = logits[:, :n, k - 1].flatten(0, 1).float()  # (B * n, N)
-            columns.append(label_ranks(head, labels.flatten(), self.hparams["max_rank"]).view(B, n))
-        return torch.stack(columns, dim=-1)[starts]  # (M, K)
+        columns = [self.ranks_of(logits[:, :n, k - 1], batch, 1 + k) for k in range(1, self.net.num_heads + 1)]
+        return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, K)
 
     def package_config(self) -> dict[str, Any]:
         return {"draft_vocab_size": int(self.net.draft_vocab.numel()), "num_heads": self.net.num_heads,
                 "num_layers": self.net.num_layers}
-
-    def package_weights(self) -> dict[str, Tensor]:
-        return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}
 
 
 class MedusaDrafter(FutureHeadsDrafter):

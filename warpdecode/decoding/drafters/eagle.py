@@ -79,8 +79,8 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         # token after each is the next accepted token, then the bonus token.
         self.pairs = (state.hidden_states[self.needs_hidden_states[0]], result.tokens)
 
-    def run(self, features: Tensor, tokens: list[int], depths: list[int], mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Feed pairs after the committed ones; (n, C) predicted features and (n, N) draft logits.
+    def run(self, features: Tensor, tokens: list[int], depths: list[int], mask: Tensor | None) -> Tensor:
+        """Feed pairs after the committed ones; (n, C) predicted features (logits: `self.net.head`).
 
         Args:
             features: (n, C) input features; `depths`: position offset of each pair after the committed ones.
@@ -88,18 +88,18 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         """
         assert self.net is not None and self.checked is not None and self.cache is not None
         positions = torch.tensor([[self.committed + d for d in depths]], device=features.device)
-        hidden, logits = self.net(features[None], torch.tensor([tokens], device=features.device), self.checked.embed,
-                                  positions, self.cache, mask)
-        return hidden[0], logits[0]
+        hidden, _ = self.net(features[None], torch.tensor([tokens], device=features.device), self.checked.embed,
+                             positions, self.cache, mask, logits_slice=slice(0, 0))
+        return hidden[0]
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.net is not None and self.cache is not None and self.pairs is not None, "start() must run first"
         features, tokens = self.pairs
         self.pairs = None
-        feature, logits = self.run(features, tokens, list(range(1, len(tokens) + 1)), None)
+        feature = self.run(features, tokens, list(range(1, len(tokens) + 1)), None)[-1]  # after the pending token
         self.committed += len(tokens)
-        root = (feature[-1], logits[-1])  # after the pending token
+        root = (feature, self.net.head(feature))
         if budget < 1:
             return DraftTree.empty()
         tree = self.dynamic(root, budget) if self.tree == "dynamic" else self.fill(root, budget)
@@ -119,11 +119,11 @@ class EagleDraft(PackagedDrafter[EagleNet]):
             local = {node: j for j, node in enumerate(fed)}
             inputs = torch.stack([outputs[layout.parents[i]] for i in fed])
             mask = ancestor_mask([local.get(layout.parents[i], -1) for i in fed])
-            hidden, logits = self.run(inputs, [tokens[i] for i in fed], [layout.depths[i] for i in fed], mask)
+            hidden = self.run(inputs, [tokens[i] for i in fed], [layout.depths[i] for i in fed], mask)
             self.cache.truncate(self.committed)  # type: ignore[union-attr]
             for i in grow:
                 outputs[i] = hidden[local[i]]
-            return ranked_tokens(logits[[local[i] for i in grow]], vocab, layout.width)
+            return ranked_tokens(self.net.head(hidden[[local[i] for i in grow]]), vocab, layout.width)  # type: ignore[union-attr]
 
         return fill_shape(layout, ranked_tokens(root[1][None], vocab, layout.width)[0], rank_children)
 
@@ -134,10 +134,10 @@ class EagleDraft(PackagedDrafter[EagleNet]):
 
         def expand(path: list[int]) -> Tensor:
             inputs = torch.stack([outputs[tuple(path[:j])] for j in range(len(path))])
-            hidden, logits = self.run(inputs, path, list(range(1, len(path) + 1)), None)
+            hidden = self.run(inputs, path, list(range(1, len(path) + 1)), None)[-1]
             self.cache.truncate(self.committed)  # type: ignore[union-attr]
-            outputs[tuple(path)] = hidden[-1]
-            return self.full_logits(logits[-1])
+            outputs[tuple(path)] = hidden
+            return self.full_logits(self.net.head(hidden))  # type: ignore[union-attr]
 
         return grow_dynamic_tree(self.full_logits(root[1]), expand, min(self.num_nodes or 16, budget),
                                  self.num_tokens, self.top_k)
