@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import eagle_package, heads_package
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, encode_prompt, generate
@@ -42,6 +43,18 @@ def retrieval_corpus(smollm2, tmp_path_factory):
     REAL_OPTIONS["retrieval"] = {"corpus": str(path)}
     yield
     del REAL_OPTIONS["retrieval"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def learned_drafters(smollm2, tmp_path_factory):
+    """Untrained EAGLE, Medusa and Hydra packages for the real target (exactness needs no training)."""
+    root = tmp_path_factory.mktemp("learned")
+    REAL_OPTIONS["eagle"] = {"path": eagle_package(smollm2.model, root / "eagle")}
+    for kind in ("medusa", "hydra"):
+        REAL_OPTIONS[kind] = {"path": heads_package(smollm2.model, root / kind, kind)}
+    yield
+    for kind in ("eagle", "medusa", "hydra"):
+        del REAL_OPTIONS[kind]
 
 
 CASES = [(n, None) for n in registry.names("drafter") if n != "none"] + [
