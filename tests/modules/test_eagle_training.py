@@ -63,6 +63,8 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
     package = DrafterPackage.load(tmp_path / "drafter", "eagle")
     assert len(package.tree["rank_paths"]) == 6
     assert package.training["tokens_seen"] > 0 and package.training["val_tau_tree"] >= package.training["val_tau_chain"]
+    curve = package.training["val_tau_by_nodes"]
+    assert len(curve) == 6 and curve == sorted(curve) and curve[-1] == package.training["val_tau_tree"]
     counts = torch.as_tensor(data.token_counts())
     assert set(package.weights["draft_vocab"].tolist()) >= set(counts.nonzero().flatten().tolist()[:1])
 

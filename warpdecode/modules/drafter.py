@@ -208,6 +208,8 @@ class DrafterModule(LightningModule):
             paths = tree_from_ranks(ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
             tree = {"rank_paths": [list(p) for p in paths]}
             training["val_tau_tree"] = round(simulated_tau(ranks, paths), 4)
+            # The first n paths are the best n-node tree: the curve a node budget is chosen from.
+            training["val_tau_by_nodes"] = [round(simulated_tau(ranks, paths[:n]), 4) for n in range(1, len(paths) + 1)]
             training["val_tau_chain"] = round(simulated_tau(ranks, chain(ranks.shape[1])), 4)
             training["val_starts"] = int(ranks.shape[0])
         return DrafterPackage(self.kind, DrafterPackage.describe_target(self.target, self.hparams["target"]),
