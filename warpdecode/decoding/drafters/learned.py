@@ -130,14 +130,15 @@ class PackagedDrafter(Generic[NetT]):
             self.package = DrafterPackage.load(self.path, self.kind)
         if self.checked is not target:
             self.package.check_target(target)
-            net = self.build(target, self.package.config)
-            missing, unexpected = net.load_state_dict(self.package.weights, strict=False)
-            if unexpected or set(missing) != {net.head_key}:
-                raise ConfigError(f"{self.path}: drafter weights do not match its config "
-                                  f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-            net.tie_head(target)
-            net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
-            net.pack()
+            with torch.inference_mode(False):  # prepare may run under inference mode; packing needs normal tensors
+                net = self.build(target, self.package.config)
+                missing, unexpected = net.load_state_dict(self.package.weights, strict=False)
+                if unexpected or set(missing) != {net.head_key}:
+                    raise ConfigError(f"{self.path}: drafter weights do not match its config "
+                                      f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+                net.tie_head(target)
+                net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
+                net.pack()
             self.net, self.checked = net, target
             self.needs_hidden_states = (target.config.n_layer,)
             self.shape = self.tree_shape(net)
