@@ -122,3 +122,11 @@ def test_broken_packages_are_refused(target, package, tmp_path):
         EagleDraft(str(broken)).prepare(target)
     with pytest.raises(ConfigError, match="tree must be"):
         EagleDraft(package, tree="bushy")
+
+
+def test_the_drafter_runs_on_packed_weights(target, package):
+    """`prepare` runs inside the engine's inference mode; the network must still get packed copies."""
+    method = build_method("eagle", options={"path": package})
+    generate(target, None, [1, 2, 3], max_new_tokens=4, stop_at_eos=False, method=method)
+    net = method.drafter.net
+    assert net.head.packed is not None and net.fc.packed is not None and net.block.attn.qkv.packed is not None
