@@ -87,7 +87,7 @@ def test_missing_datasets_dir_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_unknown_set_and_bad_limit():
-    with pytest.raises(ConfigError, match="unknown prompt set 'mmlu'; choose from: edit, humaneval, spec_bench, stdlib_code"):
+    with pytest.raises(ConfigError, match="unknown prompt set 'mmlu'; choose from: edit, gsm8k, humaneval, spec_bench, stdlib_code"):
         load_prompts("mmlu")
     with pytest.raises(ConfigError, match="--limit must be >= 1"):
         load_prompts("humaneval", limit=0)
@@ -109,3 +109,10 @@ def test_edit_set_corrects_every_gsm8k_test_question():
     assert all(p.text.startswith(EDIT_INSTRUCTION) for p in prompts)
     noisy = prompts[0].text[len(EDIT_INSTRUCTION):]
     assert noisy == with_typos(rows[0]["question"], seed=0) and noisy != rows[0]["question"]
+
+
+def test_gsm8k_set_is_the_test_questions():
+    prompts = load_prompts("gsm8k")
+    rows = [json.loads(line) for line in (datasets_dir() / "gsm8k/test.jsonl").open() if line.strip()]
+    assert [p.text for p in prompts] == [r["question"] for r in rows]
+    assert {p.category for p in prompts} == {"math_word_problems"} and prompts[0].chat is None

@@ -6,6 +6,7 @@
 | `humaneval` | HumanEval `prompt` as raw code completion (no chat template) | `humaneval` |
 | `stdlib_code` | the first lines of functions from held-out standard-library files, raw completion | `stdlib_code` |
 | `edit` | GSM8K test questions with seeded spelling mistakes, to be corrected (an input-grounded task), chat template applied | `spelling_correction` |
+| `gsm8k` | GSM8K test questions, chat template applied (the domain of the drafter recipes' GSM8K *train* prompts) | `math_word_problems` |
 
 `WARPDECODE_DATASETS` defaults to `<repo>/../shared/datasets`. `stdlib_code` reads only files of the
 `test` split of `CorpusDataModule(source="stdlib")` (same hash rule, same default fractions), so no
@@ -161,6 +162,18 @@ EDIT_TYPO_RATE = 0.15
 """Share of words of 4+ letters that get two adjacent inner letters swapped."""
 
 
+def gsm8k_test_questions() -> list[str]:
+    path = dataset_file("gsm8k/test.jsonl")
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line)["question"] for line in f if line.strip()]
+
+
+@prompt_set("gsm8k")
+def gsm8k() -> list[BenchPrompt]:
+    """GSM8K test questions (evaluation only; drafters train on the train split)."""
+    return [BenchPrompt(f"gsm8k/test-{i}", "math_word_problems", q, None) for i, q in enumerate(gsm8k_test_questions())]
+
+
 def with_typos(text: str, seed: int, rate: float = EDIT_TYPO_RATE) -> str:
     """`text` with two adjacent inner letters swapped in about `rate` of its words of 4+ letters;
     deterministic in `seed`. Example: "question" may become "quesiton"."""
@@ -180,11 +193,6 @@ def with_typos(text: str, seed: int, rate: float = EDIT_TYPO_RATE) -> str:
 def edit() -> list[BenchPrompt]:
     """Spelling correction of GSM8K test questions (real text; only the questions, never the
     answers, and only as evaluation prompts): the answer is nearly a copy of the input."""
-    path = dataset_file("gsm8k/test.jsonl")
-    prompts = []
-    with path.open(encoding="utf-8") as f:
-        for index, line in enumerate(line for line in f if line.strip()):
-            question = json.loads(line)["question"]
-            prompts.append(BenchPrompt(f"edit/gsm8k-test-{index}", "spelling_correction",
-                                       EDIT_INSTRUCTION + with_typos(question, seed=index), None))
-    return prompts
+    return [BenchPrompt(f"edit/gsm8k-test-{index}", "spelling_correction",
+                        EDIT_INSTRUCTION + with_typos(question, seed=index), None)
+            for index, question in enumerate(gsm8k_test_questions())]
