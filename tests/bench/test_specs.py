@@ -68,7 +68,8 @@ def test_bad_specs_raise_config_error(value, message):
     "argv, message",
     [
         (["--methods", "prompt_lookup:max_ngram"], "'max_ngram' is not KEY=VALUE"),
-        (["--methods", "medusa"], "unknown drafter 'medusa'"),
+        (["--methods", "no_such_drafter"], "unknown drafter 'no_such_drafter'"),
+        (["--methods", "medusa"], "drafter 'medusa' needs option(s) ['path'], e.g. medusa:path=..."),
         (["--prompts", "no_such_set"], "unknown prompt set 'no_such_set'"),
         (["--limit", "0"], "--limit must be >= 1"),
         (["--peers", "vllm"], "--peers must be one of auto, transformers, none"),

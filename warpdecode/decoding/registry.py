@@ -66,4 +66,8 @@ def build(kind: Kind, name: str, **kwargs: Any) -> Any:
     unknown = set(kwargs) - set(valid)
     if unknown:
         raise ConfigError(f"{kind} {name!r} has no option(s) {sorted(unknown)}; options: {sorted(valid) or 'none'}")
+    missing = [key for key, p in inspect.signature(cls).parameters.items()
+               if p.default is inspect.Parameter.empty and key not in kwargs]
+    if missing:
+        raise ConfigError(f"{kind} {name!r} needs option(s) {missing}, e.g. {name}:{missing[0]}=...")
     return cls(**kwargs)
