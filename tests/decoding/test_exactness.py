@@ -8,7 +8,7 @@ add them to `tiny_models.DRAFTER_OPTIONS` (a test fails until it does).
 
 import pytest
 import torch
-from tiny_models import DRAFTER_OPTIONS, greedy_target, tiny_vocab_target, tv
+from tiny_models import DRAFTER_OPTIONS, eagle_package, greedy_target, heads_package, tiny_vocab_target, tv
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.drafters.draft_model import without_replacement
@@ -148,6 +148,16 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
     assert tv(first, p[0]) > 0.03
 
 
+@pytest.fixture(scope="module")
+def tiny_vocab_packages(tmp_path_factory):
+    """Learned drafter packages (untrained, peaked) for `tiny_vocab_target()`."""
+    root, model = tmp_path_factory.mktemp("tiny-vocab-drafters"), tiny_vocab_target()
+    packages = {"eagle": eagle_package(model, root / "eagle", std=0.8)}
+    for kind in ("medusa", "hydra"):
+        packages[kind] = heads_package(model, root / kind, kind)
+    return packages
+
+
 @pytest.mark.parametrize(("name", "options", "verifier"), [
     ("draft_model", DRAFTER_OPTIONS["draft_model"], None),
     ("draft_model", TREE_OPTIONS, None),
@@ -158,13 +168,19 @@ def test_wrong_rule_fails_the_distribution_test(monkeypatch):
     ("int4_self", {"num_tokens": 2}, None),
     ("adaptive_ngram", {"num_nodes": 2}, None),
     ("fused", {"num_nodes": 2}, None),
+    ("eagle", {}, None),
+    ("medusa", {}, None),
+    ("hydra", {}, None),
 ], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
-        "draft_model-tree-spectr", "token_recycling", "int4_self", "adaptive_ngram", "fused"])
-def test_engine_sampling_matches_target_distribution(name, options, verifier, single_thread):
+        "draft_model-tree-spectr", "token_recycling", "int4_self", "adaptive_ngram", "fused", "eagle", "medusa",
+        "hydra"])
+def test_engine_sampling_matches_target_distribution(name, options, verifier, tiny_vocab_packages, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""
     model = tiny_vocab_target()
     prompt = [1, 2, 1, 2, 1]
+    if name in tiny_vocab_packages:
+        options = options | {"path": tiny_vocab_packages[name]}
     method = build_method(name, do_sample=True, options=options, verifier=verifier)
     pairs = []
     for seed in range(3000):
