@@ -121,15 +121,9 @@ def humaneval() -> list[BenchPrompt]:
 
 def held_out_stdlib_files() -> list[tuple[str, Path]]:
     """(relative path, path) of the stdlib corpus files in the `test` split, sorted."""
-    import sysconfig
+    from warpdecode.datamodules.corpus import stdlib_split_files
 
-    from warpdecode.datamodules.corpus import STDLIB, CorpusDataModule, split_of
-
-    corpus = CorpusDataModule(source=STDLIB)
-    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    files = [(path.relative_to(root).as_posix(), path) for path in corpus.source_files()]
-    return [(key, path) for key, path in files
-            if split_of(key, corpus.fractions["val"], corpus.fractions["test"]) == "test"]
+    return stdlib_split_files("test")
 
 
 def _function_prompts(key: str, source: str) -> Iterator[BenchPrompt]:

@@ -357,3 +357,13 @@ class CorpusDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
 
+
+def stdlib_split_files(split: str) -> list[tuple[str, Path]]:
+    """(relative path, path) of the files of `split` ("train", "val" or "test") of
+    `CorpusDataModule(source="stdlib")` with its default fractions, sorted: the drafter recipes'
+    docstring prompts come from `train`, the bench's `stdlib_code` prompts from `test`."""
+    corpus = CorpusDataModule(source=STDLIB)
+    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    files = [(path.relative_to(root).as_posix(), path) for path in corpus.source_files()]
+    return [(key, path) for key, path in files
+            if split_of(key, corpus.fractions["val"], corpus.fractions["test"]) == split]

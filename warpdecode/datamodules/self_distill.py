@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from warpdecode.bench.prompts import dataset_file
 from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader
-from warpdecode.datamodules.corpus import STDLIB, CorpusDataModule, split_of
+from warpdecode.datamodules.corpus import split_of, stdlib_split_files
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import encode_prompt, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -101,13 +101,8 @@ def gsm8k_train_prompts() -> list[DistillPrompt]:
 
 
 def stdlib_train_files() -> list[tuple[str, Path]]:
-    """(relative path, path) of the stdlib corpus files in the `train` split of
-    `CorpusDataModule(source="stdlib")`, sorted; the bench's `stdlib_code` prompts use the `test` split."""
-    corpus = CorpusDataModule(source=STDLIB)
-    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    files = [(path.relative_to(root).as_posix(), path) for path in corpus.source_files()]
-    return [(key, path) for key, path in files
-            if split_of(key, corpus.fractions["val"], corpus.fractions["test"]) == "train"]
+    """(relative path, path) of the stdlib corpus files in the `train` split, sorted."""
+    return stdlib_split_files("train")
 
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef

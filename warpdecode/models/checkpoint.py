@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -34,23 +36,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode"))
 
 
-def write_checkpoint(
-    directory: Path, config: ModelConfig, hf_weights: dict[str, Tensor], tokenizer: Tokenizer | None
-) -> None:
-    """Write a Hugging Face-layout checkpoint atomically (a half-written directory never appears)."""
+@contextmanager
+def atomic_directory(directory: Path) -> Iterator[Path]:
+    """A temporary sibling folder to write into; when the block ends without error it replaces
+    `directory`, so a half-written directory never appears (an error removes the temporary folder)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
-        save_file({k: v.contiguous() for k, v in hf_weights.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        if tokenizer is not None:
-            tokenizer.save(tmp)
+        yield tmp
         if directory.exists():
             shutil.rmtree(directory)
         tmp.rename(directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_checkpoint(
+    directory: Path, config: ModelConfig, hf_weights: dict[str, Tensor], tokenizer: Tokenizer | None
+) -> None:
+    """Write a Hugging Face-layout checkpoint atomically (a half-written directory never appears)."""
+    with atomic_directory(directory) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
+        save_file({k: v.contiguous() for k, v in hf_weights.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
 
 
 def save_pretrained(model: Transformer, tokenizer: Tokenizer | None, directory: str | Path) -> None:

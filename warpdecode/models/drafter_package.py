@@ -17,8 +17,6 @@ drafter wants: a drafter run on another model drafts garbage without any error.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from warpdecode.errors import CheckpointError
+from warpdecode.models.checkpoint import atomic_directory
 from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.transformer import Transformer
 
@@ -66,19 +65,11 @@ class DrafterPackage:
     def save(self, directory: str | Path) -> Path:
         """Write atomically: a half-written package never appears under `directory`."""
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
-        try:
+        with atomic_directory(directory) as tmp:
             meta = {"format": FORMAT, "version": VERSION, "kind": self.kind, "target": self.target,
                     "config": self.config, "tree": self.tree, "training": self.training}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
             save_file({k: v.detach().contiguous().cpu() for k, v in self.weights.items()}, str(tmp / WEIGHTS_FILE))
-            if directory.exists():
-                shutil.rmtree(directory)
-            tmp.rename(directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return directory
 
     @classmethod
