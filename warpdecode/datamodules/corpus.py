@@ -19,7 +19,7 @@ import re
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,18 @@ Documents = dict[str, list[tuple[str, str]]]
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed record) of every non-blank line; invalid JSON is a ConfigError naming the line."""
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield line_no, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{line_no}: invalid JSON: {e}") from e
 
 
 def split_of(key: str, val_fraction: float, test_fraction: float) -> str:
@@ -210,18 +222,11 @@ class CorpusDataModule(LightningDataModule):
     def _records(self, root: Path) -> list[tuple[str, str]]:
         if root.is_file():
             records = []
-            with root.open(encoding="utf-8") as f:
-                for line_no, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise ConfigError(f"{root}:{line_no}: invalid JSON: {e}") from e
-                    text = record.get(self.text_field) if isinstance(record, dict) else None
-                    if not isinstance(text, str):
-                        raise ConfigError(f"{root}:{line_no}: no string field {self.text_field!r}")
-                    records.append((_sha256(text)[:16], text))
+            for line_no, record in read_jsonl(root):
+                text = record.get(self.text_field) if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    raise ConfigError(f"{root}:{line_no}: no string field {self.text_field!r}")
+                records.append((_sha256(text)[:16], text))
             return records
         return [
             (p.relative_to(root).as_posix(), p.read_text(encoding="utf-8", errors="replace")) for p in self._files(root)

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from warpdecode.bench.prompts import dataset_file
 from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader
-from warpdecode.datamodules.corpus import split_of, stdlib_split_files
+from warpdecode.datamodules.corpus import read_jsonl, split_of, stdlib_split_files
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import encode_prompt, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -153,17 +153,8 @@ def _messages(record: Any, where: str) -> tuple[tuple[str, str], ...]:
 
 def jsonl_prompts(path: Path) -> list[DistillPrompt]:
     """One prompt per non-blank line of a JSONL file, in file order."""
-    prompts = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{line_no}: invalid JSON: {e}") from e
-            prompts.append(DistillPrompt(f"{path.name}/{line_no}", _messages(record, f"{path}:{line_no}")))
-    return prompts
+    return [DistillPrompt(f"{path.name}/{line_no}", _messages(record, f"{path}:{line_no}"))
+            for line_no, record in read_jsonl(path)]
 
 
 def check_source(source: str) -> None:

@@ -55,10 +55,10 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         return net.num_heads
 
     def start(self, state: DecodeState) -> None:
-        pass
+        """Nothing to set up: the heads keep no state between steps (no cache, unlike EAGLE)."""
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
-        pass
+        """Nothing to update: each step reads the last accepted feature from `state.hidden_states`."""
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
