@@ -25,7 +25,7 @@ from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.cache import KVCache
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @dataclass
@@ -66,18 +66,18 @@ ResultWithHidden = tuple[list[int], FinishReason, DecodeStats, torch.Tensor]
 
 
 @overload
-def decode_batch(target: Transformer, prompts: list[list[int]], sampler: Sampler, *, budgets: list[int],
+def decode_batch(target: Backbone, prompts: list[list[int]], sampler: Sampler, *, budgets: list[int],
                  stop_ids: set[int], hidden_layer: None = None) -> list[Result]: ...
 
 
 @overload
-def decode_batch(target: Transformer, prompts: list[list[int]], sampler: Sampler, *, budgets: list[int],
+def decode_batch(target: Backbone, prompts: list[list[int]], sampler: Sampler, *, budgets: list[int],
                  stop_ids: set[int], hidden_layer: int) -> list[ResultWithHidden]: ...
 
 
 @torch.inference_mode()
 def decode_batch(
-    target: Transformer,
+    target: Backbone,
     prompts: list[list[int]],
     sampler: Sampler,
     *,

@@ -20,7 +20,7 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.cache import KVCache
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Method:
 
 @torch.inference_mode()
 def run(
-    target: Transformer,
+    target: Backbone,
     prompt_ids: list[int],
     method: Method,
     sampler: Sampler,

@@ -13,7 +13,7 @@ from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutpu
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 __all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
 
@@ -27,7 +27,7 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, chat: bool | None) -> li
     return tokenizer.encode(prompt)
 
 
-def prompt_ids(model: Transformer, tokenizer: Tokenizer | None, prompt: str | list[int], *, chat: bool | None) -> list[int]:
+def prompt_ids(model: Backbone, tokenizer: Tokenizer | None, prompt: str | list[int], *, chat: bool | None) -> list[int]:
     """Token ids of a text or id prompt, checked to be non-empty and to leave room in the context."""
     if isinstance(prompt, str):
         if tokenizer is None:
@@ -42,7 +42,7 @@ def prompt_ids(model: Transformer, tokenizer: Tokenizer | None, prompt: str | li
     return ids
 
 
-def stop_token_ids(model: Transformer, tokenizer: Tokenizer | None) -> set[int]:
+def stop_token_ids(model: Backbone, tokenizer: Tokenizer | None) -> set[int]:
     ids = set(model.config.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
@@ -73,7 +73,7 @@ def build_method(
 
 
 def generate(
-    model: Transformer,
+    model: Backbone,
     tokenizer: Tokenizer | None,
     prompt: str | list[int],
     *,
@@ -127,7 +127,7 @@ def generate(
 
 
 def generate_batch(
-    model: Transformer,
+    model: Backbone,
     tokenizer: Tokenizer | None,
     prompts: Sequence[str | list[int]],
     *,

@@ -16,14 +16,14 @@ from torch import Tensor
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.cache import KVCache
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @dataclass
 class DecodeState:
     """What drafters may read about the sequence being decoded (batch of one)."""
 
-    target: Transformer
+    target: Backbone
     cache: KVCache
     """The target's cache: holds every committed token except `pending`."""
     tokens: list[int]
@@ -68,7 +68,7 @@ class Drafter(Protocol):
     needs_hidden_states: ClassVar[tuple[int, ...]]
     """Target hidden-state layers this drafter reads from `DecodeState.hidden_states`."""
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         """Called before each request's timed decode: load weights or build views of `target` here
         (once; later calls should be cheap)."""
 

@@ -108,6 +108,17 @@ class KVCache:
             self.v[layer][plan.rows, :, plan.slots] = v.transpose(1, 2)
         return self.k[layer, :, :, : plan.used], self.v[layer, :, :, : plan.used]
 
+    def write_all(self, k: Tensor, v: Tensor, plan: WritePlan) -> None:
+        """Store the new keys/values of every layer at once (a backend that computes all layers in
+        one call, e.g. an exported step graph). k, v: (L, B, Hkv, T, D)."""
+        if plan.uniform_start is not None:
+            s = plan.uniform_start
+            self.k[:, :, :, s : s + plan.num_new] = k
+            self.v[:, :, :, s : s + plan.num_new] = v
+        else:
+            self.k[:, plan.rows, :, plan.slots] = k.permute(1, 3, 0, 2, 4)  # (B, T, L, Hkv, D)
+            self.v[:, plan.rows, :, plan.slots] = v.permute(1, 3, 0, 2, 4)
+
     def advance(self, plan: WritePlan) -> None:
         self.lengths = plan.start + plan.num_new
 

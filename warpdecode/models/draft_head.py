@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from warpdecode.models.packed_linear import Linear
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 class DraftVocabNet(nn.Module):
@@ -31,7 +31,7 @@ class DraftVocabNet(nn.Module):
     def frozen_head(self) -> Linear:
         return cast(Linear, self.get_submodule(self.head_key.removesuffix(".weight")))
 
-    def tie_head(self, target: Transformer) -> None:
+    def tie_head(self, target: Backbone) -> None:
         """Set the (frozen) head to the target's LM head rows of `draft_vocab`."""
         head = self.frozen_head()
         embeddings = target.output_embeddings().detach()

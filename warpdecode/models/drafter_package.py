@@ -27,8 +27,7 @@ from torch import Tensor
 
 from warpdecode.errors import CheckpointError
 from warpdecode.models.checkpoint import atomic_directory
-from warpdecode.models.identity import model_fingerprint
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 FORMAT = "warpdecode-drafter"
 VERSION = 1
@@ -47,13 +46,13 @@ class DrafterPackage:
     training: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
-    def describe_target(target: Transformer, source: str) -> dict[str, Any]:
-        return {"source": source, "fingerprint": model_fingerprint(target), "vocab_size": target.config.vocab_size,
+    def describe_target(target: Backbone, source: str) -> dict[str, Any]:
+        return {"source": source, "fingerprint": target.fingerprint(), "vocab_size": target.config.vocab_size,
                 "d_model": target.config.d_model, "n_layer": target.config.n_layer}
 
-    def check_target(self, target: Transformer) -> None:
+    def check_target(self, target: Backbone) -> None:
         """Raise CheckpointError unless `target` is the model this drafter was trained for."""
-        found = model_fingerprint(target)
+        found = target.fingerprint()
         if found != self.target["fingerprint"]:
             raise CheckpointError(
                 f"this {self.kind} drafter was trained for {self.target['source']!r} (fingerprint "

@@ -15,9 +15,12 @@ import dataclasses
 import hashlib
 import json
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from warpdecode.models.transformer import Transformer
+if TYPE_CHECKING:
+    from warpdecode.models.transformer import Transformer
 
 SAMPLE = 4096
 """Values hashed per weight tensor (evenly strided over the flattened tensor)."""

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
+from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.packed_linear import FusedLinear, Linear, PackedWeight, linear
 
 
@@ -83,6 +84,30 @@ def rope_inv_freq(config: ModelConfig) -> Tensor:
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled).float()
     raise ConfigError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+def new_token_mask(attention_mask: Tensor | None, B: int, T: int) -> Tensor | None:
+    """Check a forward's `attention_mask` and return it as (1 or B, T, T) bool (None stays None).
+
+    A (T, T) mask would broadcast against the head dimension and a float mask would be added to the
+    scores: both run, silently wrong, so only the documented forms pass.
+    """
+    if attention_mask is None:
+        return None
+    shape = tuple(attention_mask.shape)
+    if attention_mask.dim() == 4 and shape[1] == 1:
+        attention_mask = attention_mask[:, 0]
+    if attention_mask.dim() != 3 or attention_mask.shape[0] not in (1, B) or shape[-2:] != (T, T):
+        raise ValueError(f"attention_mask must be ({B}, {T}, {T}) or ({B}, 1, {T}, {T}), got {shape}")
+    if attention_mask.dtype != torch.bool:
+        raise ValueError(f"attention_mask must be bool (True = attend), got {attention_mask.dtype}")
+    return attention_mask
+
+
+def default_new_mask(T: int, causal: bool) -> Tensor:
+    """(1, T, T) bool: which of T new tokens each new token sees without a mask (causal or all)."""
+    ones = torch.ones(1, T, T, dtype=torch.bool)
+    return ones.tril() if causal else ones
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -198,6 +223,12 @@ class Transformer(nn.Module):
     def output_embeddings(self) -> Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    def fingerprint(self) -> str:
+        return model_fingerprint(self)
+
+    def torch_model(self) -> Transformer:
+        return self
+
     def pack_for_cpu_inference(self) -> int:
         """Give every linear layer and the LM head a oneDNN-packed weight copy (see
         `packed_linear`; q/k/v and gate/up are stacked into one matrix each); the number of packed
@@ -234,12 +265,9 @@ class Transformer(nn.Module):
         """
         T, S = plan.num_new, plan.used
         if new_mask is None:
-            if not self.config.causal or T == 1:
-                new_mask = None if plan.uniform_start is not None else torch.ones(1, T, T, dtype=torch.bool)
-            else:
-                new_mask = torch.ones(T, T, dtype=torch.bool).tril()[None]
-            if new_mask is None:
+            if (not self.config.causal or T == 1) and plan.uniform_start is not None:
                 return None
+            new_mask = default_new_mask(T, self.config.causal)
         start = plan.start.to(device)[:, None]  # (B, 1)
         rel = torch.arange(S, device=device)[None, :] - start  # (B, S) key index relative to the first new token
         in_new = (rel >= 0) & (rel < T)
@@ -280,16 +308,7 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if cache is not None and cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but tokens have batch {B}")
-        if attention_mask is not None:
-            # A (T, T) mask would broadcast against the head dimension and a float mask would be
-            # added to the scores: both run, silently wrong, so only the documented forms pass.
-            shape = tuple(attention_mask.shape)
-            if attention_mask.dim() == 4 and shape[1] == 1:
-                attention_mask = attention_mask[:, 0]
-            if attention_mask.dim() != 3 or attention_mask.shape[0] not in (1, B) or shape[-2:] != (T, T):
-                raise ValueError(f"attention_mask must be ({B}, {T}, {T}) or ({B}, 1, {T}, {T}), got {shape}")
-            if attention_mask.dtype != torch.bool:
-                raise ValueError(f"attention_mask must be bool (True = attend), got {attention_mask.dtype}")
+        attention_mask = new_token_mask(attention_mask, B, T)
         wanted = set(hidden_layers)
         if not wanted <= set(range(self.config.n_layer + 1)):
             raise ValueError(f"hidden_layers {sorted(wanted)} out of range 0..{self.config.n_layer}")

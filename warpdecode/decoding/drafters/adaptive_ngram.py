@@ -30,7 +30,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 Candidates = tuple[list[int], list[float]]
 
@@ -64,7 +64,7 @@ class AdaptiveNgram:
         self.prev = -1
         """The token before the pending one when the last draft was proposed."""
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:

@@ -24,7 +24,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 def align(source: list[int], output: list[int], expected: int, max_ngram: int, near: int) -> int | None:
@@ -65,7 +65,7 @@ class CopyInput:
         self.copying = False
         """Whether the last draft had a token accepted."""
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:

@@ -43,6 +43,7 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.transformer import Transformer
 
 
@@ -144,15 +145,17 @@ class DraftModel:
             raise ConfigError(f"{self.name} num_nodes must be >= 1, got {num_nodes}")
         self.num_tokens, self.top_k, self.replacement, self.num_nodes = num_tokens, top_k, replacement, num_nodes
         self.draft: Transformer | None = None
+        self.source: Backbone | None = None
+        """The target the draft was made for (layers=) or checked against."""
         self.cache: KVCache | None = None
         self.fed: list[int] = []
         """Drafted tokens in the draft cache after the committed ones (the expanded nodes, root first)."""
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         """Load the draft model (once) or take the target's first layers, outside the timed decode."""
         if self.layers is not None:
-            if self.draft is None or self.draft.embed is not target.embed:
-                self.draft = first_layers(target, self.layers)
+            if self.draft is None or self.source is not target:
+                self.draft, self.source = first_layers(target.torch_model(), self.layers), target
         elif self.draft is None:
             assert self.model_source is not None
             self.draft, _ = load_pretrained(self.model_source, device=target.embed.weight.device)

@@ -26,7 +26,7 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.eagle import EagleNet
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 def ancestor_mask(parents: list[int]) -> Tensor:
@@ -63,7 +63,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         self.pairs: tuple[Tensor, list[int]] | None = None
         """Pairs not yet fed: target features (m, C) and the token after each."""
 
-    def build(self, target: Transformer, config: dict[str, Any]) -> EagleNet:
+    def build(self, target: Backbone, config: dict[str, Any]) -> EagleNet:
         return EagleNet(target.config, config["draft_vocab_size"], config["d_ff"])
 
     def start(self, state: DecodeState) -> None:

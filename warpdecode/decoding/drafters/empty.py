@@ -7,7 +7,7 @@ from typing import ClassVar
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "none")
@@ -15,7 +15,7 @@ class EmptyDrafter:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:

@@ -16,7 +16,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "fused")
@@ -38,7 +38,7 @@ class FusedDrafters:
             raise ConfigError("fused takes training-free drafters that need no hidden states")
         self.num_nodes = num_nodes
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         for part in self.parts:
             part.prepare(target)
 

@@ -30,6 +30,7 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.quantized import quantized_copy
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.transformer import Transformer
 
 
@@ -77,20 +78,21 @@ class LayerSkip(DraftModel):
         self.num_skip, self.bits, self.search_steps, self.candidates = num_skip, bits, search_steps, candidates
         self.window, self.seed = window, seed
         self.base: Transformer | None = None
-        self.source: Transformer | None = None
+        self.source: Backbone | None = None
         self.skip: list[int] = []
         self.keep: list[int] = []
         self.synced = 0
         self.steps = 0
         self.rng = random.Random(seed)
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         n_layer = target.config.n_layer
         if not 1 <= self.num_skip <= n_layer - 2:
             raise ConfigError(f"layer_skip num_skip must be in [1, {n_layer - 2}] for a {n_layer}-layer target, "
                               f"got {self.num_skip}")
         if self.source is not target:
-            self.base = target if self.bits is None else quantized_copy(target, self.bits)  # type: ignore[arg-type]
+            weights = target.torch_model()
+            self.base = weights if self.bits is None else quantized_copy(weights, self.bits)  # type: ignore[arg-type]
             self.source = target
         self.use_skip(initial_skip(n_layer, self.num_skip))
 

@@ -28,7 +28,7 @@ from warpdecode.errors import ConfigError
 from warpdecode.metrics.drafting import chain
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 NetT = TypeVar("NetT", bound=DraftVocabNet)
 
@@ -118,14 +118,14 @@ class PackagedDrafter(Generic[NetT]):
         self.needs_hidden_states: tuple[int, ...] = ()
         self.package: DrafterPackage | None = None
         self.net: NetT | None = None
-        self.checked: Transformer | None = None
+        self.checked: Backbone | None = None
         self.shape: list[RankPath] = []
 
-    def build(self, target: Transformer, config: dict[str, Any]) -> NetT:
+    def build(self, target: Backbone, config: dict[str, Any]) -> NetT:
         """An untrained network of the package's `config` for `target`."""
         raise NotImplementedError
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         if self.package is None:
             self.package = DrafterPackage.load(self.path, self.kind)
         if self.checked is not target:

@@ -27,7 +27,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "lookahead")
@@ -55,7 +55,7 @@ class Lookahead:
         self.sent: list[int] = []
         """The window run in the last forward (it may be shorter than `window` under a small budget)."""
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:

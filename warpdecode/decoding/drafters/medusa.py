@@ -26,7 +26,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 HeadsT = TypeVar("HeadsT", bound=FutureHeads)
 
@@ -46,7 +46,7 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         """
         super().__init__(path, tree, num_nodes, num_tokens)
 
-    def build(self, target: Transformer, config: dict[str, Any]) -> HeadsT:
+    def build(self, target: Backbone, config: dict[str, Any]) -> HeadsT:
         net = self.net_class(target.config.d_model, config["draft_vocab_size"], config["num_heads"],
                              config["num_layers"])
         return cast(HeadsT, net)

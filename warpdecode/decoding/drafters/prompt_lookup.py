@@ -13,7 +13,7 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
@@ -48,7 +48,7 @@ class PromptLookup:
                               f"got {min_ngram}, {max_ngram}, {num_tokens}")
         self.max_ngram, self.min_ngram, self.num_tokens = max_ngram, min_ngram, num_tokens
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         pass
 
     def start(self, state: DecodeState) -> None:

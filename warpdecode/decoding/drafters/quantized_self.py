@@ -24,7 +24,7 @@ from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.cache import KVCache
 from warpdecode.models.quantized import Bits, quantized_copy
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 class QuantizedSelfDraft(DraftModel):
@@ -41,13 +41,14 @@ class QuantizedSelfDraft(DraftModel):
         self.model_source, self.layers = None, None
         self.init_drafting(num_tokens, top_k, num_nodes=num_nodes)
         self.keep_layers = layers
-        self.source: Transformer | None = None
+        self.source: Backbone | None = None
         self.synced = 0
         """Leading positions of the draft cache that hold the target's keys/values."""
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         if self.draft is None or self.source is not target:
-            source = target if self.keep_layers is None else first_layers(target, self.keep_layers)
+            weights = target.torch_model()
+            source = weights if self.keep_layers is None else first_layers(weights, self.keep_layers)
             self.draft = quantized_copy(source, self.bits)
             self.source = target
 

@@ -29,7 +29,7 @@ from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @cache
@@ -116,7 +116,7 @@ class Retrieval:
         self.num_nodes, self.depth, self.max_matches, self.max_ngram = num_nodes, depth, max_matches, max_ngram
         self.datastore: Datastore | None = None
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         if self.datastore is None or self.datastore.vocab_size != target.config.vocab_size:
             self.datastore = corpus_datastore(self.corpus, self.tokenizer, self.max_tokens, target.config.vocab_size)
 

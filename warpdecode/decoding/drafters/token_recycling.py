@@ -21,7 +21,7 @@ from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import best_rank_paths
 from warpdecode.errors import ConfigError
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "token_recycling")
@@ -43,7 +43,7 @@ class TokenRecycling:
         self.matrix: torch.Tensor | None = None  # (V, top_k) int64 candidates per token
         self.known: torch.Tensor | None = None  # (V,) bool, rows written at least once
 
-    def prepare(self, target: Transformer) -> None:
+    def prepare(self, target: Backbone) -> None:
         vocab = target.config.vocab_size
         if self.matrix is None or self.matrix.shape[0] != vocab:
             self.matrix = torch.zeros(vocab, self.top_k, dtype=torch.int64)

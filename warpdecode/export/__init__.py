@@ -1,0 +1,1 @@
+"""Export: ONNX step graphs, the inference package, and the ONNX Runtime backend."""

@@ -1,0 +1,115 @@
+"""Export the backbone's step graph (`step_graph.StepGraph`) to ONNX, and read weights back out of it.
+
+The graph is exported with `torch.onnx.export(dynamo=True)` at opset 18 with dynamic batch, new
+tokens, cache length and logit count, weights in one external data file beside it
+(`backbone.onnx.data`), and without the exporter's constant folding: the weights keep their
+state-dict names (`model.blocks.0.attn.q_proj.weight`), so the PyTorch backend and the drafters can
+read them from the same file (ONNX Runtime folds the transposes itself when it loads the graph).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from warpdecode.errors import PackageIntegrityError
+from warpdecode.export.step_graph import StepGraph
+from warpdecode.models.transformer import Transformer
+
+OPSET = 18
+WEIGHT_PREFIX = "model."
+"""Initializer names are `StepGraph`'s parameter names: the backbone's state-dict keys under `model.`."""
+
+
+def _example_inputs(model: Transformer) -> tuple[torch.Tensor, ...]:
+    """Inputs that trace every path: batch 2, 3 new tokens, 5 cache slots, 2 logits (all distinct and
+    > 1, so the exporter keeps every dimension dynamic)."""
+    config = model.config
+    B, T, S, K = 2, 3, 5, 2
+    device = model.embed.weight.device
+    tokens = torch.zeros(B, T, dtype=torch.int64, device=device)
+    positions = (S + torch.arange(T, device=device)).expand(B, T).contiguous()
+    mask = torch.ones(B, 1, T, S + T, dtype=torch.bool, device=device)
+    logit_index = torch.arange(T - K, T, device=device)
+    past = [torch.zeros(B, config.kv_head_count, S, config.head_width, dtype=model.embed.weight.dtype, device=device)
+            for _ in range(2 * config.n_layer)]
+    return (tokens, positions, mask, logit_index, *past)
+
+
+def export_step_graph(model: Transformer, path: Path, hidden_layers: tuple[int, ...]) -> StepGraph:
+    """Write `path` (and `path`.data) for `model`, check it with `onnx.checker`, return the wrapper.
+
+    `hidden_layers`: the hidden states (0..L, see `BackboneOutput`) the graph returns beside the
+    logits; drafters can only read these on an exported backbone.
+    """
+    import onnx
+    from torch.export import Dim
+
+    graph = StepGraph(model, hidden_layers).eval()
+    model.unpack()  # the export traces the dense weights (packed copies are a CPU runtime detail)
+    batch, new, cache_len, logits = Dim("batch"), Dim("new_tokens"), Dim("cache_len"), Dim("logits")
+    shapes = {
+        "input_ids": {0: batch, 1: new},
+        "position_ids": {0: batch, 1: new},
+        "attention_mask": {0: batch, 2: new, 3: Dim.AUTO},
+        "logit_index": {0: logits},
+        "past": tuple({0: batch, 2: cache_len} for _ in range(2 * model.config.n_layer)),
+    }
+    quiet = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), _quiet_loggers():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(graph, _example_inputs(model), str(path), dynamo=True, dynamic_shapes=shapes,
+                          input_names=graph.input_names(), output_names=graph.output_names(), opset_version=OPSET,
+                          external_data=True, optimize=False, verbose=False)
+    onnx.checker.check_model(str(path))
+    return graph
+
+
+@contextlib.contextmanager
+def _quiet_loggers() -> Iterator[None]:
+    """The exporter logs a line per skipped torchvision op and per export stage at WARNING/INFO."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def read_weights(path: Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """Initializers of the graph at `path` (all, or `names`) as CPU tensors, read straight from the
+    external data file (or the graph itself for small inline tensors)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    wanted = None if names is None else set(names)
+    out: dict[str, torch.Tensor] = {}
+    for init in graph.initializer:
+        if wanted is not None and init.name not in wanted:
+            continue
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in init.external_data}
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+            count = int(np.prod(init.dims)) if init.dims else 1
+            data_file = path.parent / info["location"]
+            offset, length = int(info.get("offset", 0)), int(info.get("length", count * dtype.itemsize))
+            if length != count * dtype.itemsize or not data_file.is_file() or data_file.stat().st_size < offset + length:
+                raise PackageIntegrityError(f"{path}: weight {init.name} is missing from {data_file.name} (truncated?)")
+            array = np.fromfile(data_file, dtype=dtype, count=count, offset=offset).reshape(tuple(init.dims))
+        else:
+            array = numpy_helper.to_array(init).copy()
+        out[init.name] = torch.from_numpy(array)
+    if wanted is not None and wanted - out.keys():
+        raise PackageIntegrityError(f"{path} lacks the weights {sorted(wanted - out.keys())[:4]}")
+    return out

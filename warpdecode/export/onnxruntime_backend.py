@@ -1,0 +1,155 @@
+"""The ONNX Runtime backend: the exported step graph behind the same backbone protocol as `Transformer`.
+
+The cache stays a `KVCache` of torch tensors: each layer's (B, Hkv, S, D) buffer is bound to the
+graph in place (no copy), the graph returns the new tokens' keys and values, and they are written at
+the slots `KVCache.plan_write` chose, exactly where the PyTorch backend writes them. So commits,
+rollbacks and every drafter's cache bookkeeping are shared. Inputs and outputs are bound to torch
+memory through ONNX Runtime's I/O binding; only the graph's own work runs in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from warpdecode.errors import CapabilityError
+from warpdecode.models.cache import KVCache
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.transformer import BackboneOutput, Transformer, default_new_mask, new_token_mask
+
+NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+PROVIDERS = {"cpu": ["CPUExecutionProvider"],
+             "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+             "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
+"""Execution providers per device; the first one must load, or the session is refused."""
+
+
+def _bind(binding: object, bind: str, name: str, tensor: Tensor) -> None:
+    getattr(binding, bind)(name, "cpu", 0, NUMPY_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+
+
+class OnnxRuntimeBackbone:
+    """Runs `graph` (see `export.step_graph`) with ONNX Runtime.
+
+    Args:
+        graph: the step graph's .onnx file (its weights beside it).
+        config: the exported model's configuration.
+        fingerprint: the exported model's `models.identity` fingerprint (drafters check it).
+        hidden_layers: the hidden states the graph returns.
+        embed: (V, C) input embedding, for drafters that embed tokens themselves.
+        lm_head: (V, C) output embedding when untied (None: tied to `embed`).
+        torch_loader: builds the same weights as a `Transformer`, on first use by a drafter made
+            from the target's own weights (see `Backbone.torch_model`).
+        device: cpu, cuda or tensorrt (ONNX Runtime's execution providers).
+        threads: intra-op threads (default: torch's thread count).
+    """
+
+    def __init__(self, graph: Path, config: ModelConfig, fingerprint: str, hidden_layers: Sequence[int],
+                 embed: Tensor, lm_head: Tensor | None = None, *, torch_loader: Callable[[], Transformer] | None = None,
+                 device: str = "cpu", threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        if device not in PROVIDERS:
+            raise CapabilityError(f"onnxruntime device must be one of {', '.join(PROVIDERS)}, got {device!r}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # a provider that fails to load is reported below, not as log noise
+        self.session = ort.InferenceSession(str(graph), options, providers=PROVIDERS[device])
+        active = self.session.get_providers()
+        if active[0] != PROVIDERS[device][0]:
+            raise CapabilityError(f"ONNX Runtime could not load {PROVIDERS[device][0]} here (active: {active}); "
+                                  f"use --device cpu, or install the onnxruntime build for this accelerator")
+        self.config = config
+        self._fingerprint = fingerprint
+        self.hidden_layers = tuple(hidden_layers)
+        self.embed = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.lm_head = lm_head
+        self.names = [i.name for i in self.session.get_inputs()]
+        self._torch_loader = torch_loader
+        self._torch_model: Transformer | None = None
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.session.get_providers())
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def torch_model(self) -> Transformer:
+        if self._torch_model is None:
+            if self._torch_loader is None:
+                raise CapabilityError("this drafter builds its draft from the target's PyTorch weights, which this "
+                                      "ONNX Runtime backbone was not given")
+            self._torch_model = self._torch_loader()
+        return self._torch_model
+
+    def pack_for_cpu_inference(self) -> int:
+        return 0  # ONNX Runtime lays out its weights when the session loads
+
+    def output_embeddings(self) -> Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head
+
+    def head(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.output_embeddings())
+
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+        logits_slice: slice | None = None,
+    ) -> BackboneOutput:
+        """Same contract as `Transformer.forward` (tokens (B, T) int64, positions (B, T), a bool tree
+        mask over the new tokens); hidden states only for the layers the graph was exported with."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        missing = set(hidden_layers) - set(self.hidden_layers)
+        if missing:
+            raise CapabilityError(f"this exported backbone returns hidden states {list(self.hidden_layers)}, not "
+                                  f"{sorted(missing)}; export with --hidden-layers including them")
+        new_mask = new_token_mask(attention_mask, B, T)
+        if cache is None:  # a cache-free forward over whole sequences: a scratch cache of exactly T slots
+            cache = KVCache.for_model(self.config, B, T, dtype=self.embed.weight.dtype)
+        elif cache.batch != B:
+            raise ValueError(f"cache holds {cache.batch} rows but tokens have batch {B}")
+        plan = cache.plan_write(T)
+        if positions is None:
+            positions = plan.start[:, None] + torch.arange(T)
+        elif positions.shape != tokens.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
+        S = cache.max_len
+        past = torch.arange(S)[None, None, :] < plan.start[:, None, None]  # (B, 1, S): committed slots
+        if new_mask is None:
+            new_mask = default_new_mask(T, self.config.causal)
+        mask = torch.cat((past.expand(B, T, S), new_mask.expand(B, T, T)), dim=-1)[:, None].contiguous()
+        index = torch.arange(T)[logits_slice] if logits_slice is not None else torch.arange(T)
+
+        L, Hkv, D = self.config.n_layer, self.config.kv_head_count, self.config.head_width
+        dtype = cache.k.dtype
+        inputs = [tokens.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(), mask, index.contiguous()]
+        inputs += [buffer[i] for i in range(L) for buffer in (cache.k, cache.v)]
+        logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
+        new_k, new_v = torch.empty(L, B, Hkv, T, D, dtype=dtype), torch.empty(L, B, Hkv, T, D, dtype=dtype)
+        hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
+        outputs = {"logits": logits, "new_keys": new_k, "new_values": new_v} | {f"hidden_{j}": h for j, h in hidden.items()}
+        binding = self.session.io_binding()
+        for name, tensor in zip(self.names, inputs, strict=True):
+            _bind(binding, "bind_input", name, tensor)
+        for name, tensor in outputs.items():
+            if tensor.numel():
+                _bind(binding, "bind_output", name, tensor)
+            else:  # an empty buffer has no address to bind: let ONNX Runtime allocate the empty output
+                binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        cache.write_all(new_k, new_v, plan)
+        cache.advance(plan)
+        return BackboneOutput(logits=logits, hidden_states={j: hidden[j] for j in hidden_layers})

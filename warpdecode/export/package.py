@@ -1,0 +1,218 @@
+"""Inference packages: one directory that holds everything a deployment runs, and says what it is.
+
+    package/
+      manifest.json            format and warpdecode versions, target identity, graph I/O, defaults,
+                               and the sha256 and size of every other file
+      backbone.onnx            the step graph (`export.step_graph`), opset 18
+      backbone.onnx.data       its weights (read by ONNX Runtime, and by name by the torch backend)
+      tokenizer.json, tokenizer_config.json
+      drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
+                               their data-built draft tree), checked against the target at export
+
+`InferencePackage.load` checks the format version, then every listed file's size and sha256, before
+anything is parsed: a tampered, truncated or incomplete package is refused with a
+`PackageIntegrityError` that names the file. Nothing in a package is executed; weights are read as
+plain tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import warpdecode
+from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
+from warpdecode.export.onnx_graph import OPSET, WEIGHT_PREFIX, export_step_graph, read_weights
+from warpdecode.models.backbone import Backbone
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.drafter_package import META_FILE, DrafterPackage
+from warpdecode.models.tokenizer import Tokenizer
+from warpdecode.models.transformer import Transformer, rope_inv_freq
+
+FORMAT = "warpdecode-package"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+GRAPH = "backbone.onnx"
+BACKENDS = ("torch", "onnxruntime")
+HASH_CHUNK = 1 << 22
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_table(directory: Path) -> dict[str, dict[str, Any]]:
+    return {p.relative_to(directory).as_posix(): {"sha256": sha256_of(p), "bytes": p.stat().st_size}
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def export_package(
+    model: Transformer,
+    tokenizer: Tokenizer | None,
+    out: str | Path,
+    *,
+    source: str,
+    hidden_layers: tuple[int, ...] | None = None,
+    drafters: Sequence[str | Path] = (),
+    generation: dict[str, Any] | None = None,
+) -> Path:
+    """Write an inference package for `model` to `out` (atomically: a half-written package never appears).
+
+    Args:
+        source: how the model was named (recorded in the manifest).
+        hidden_layers: hidden states the graph returns (default: the final one, which every learned
+            drafter reads).
+        drafters: trained drafter package directories to include; each must have been trained for `model`.
+        generation: generation defaults recorded for `generate --package` (e.g. max_new_tokens, method).
+    """
+    from warpdecode.models.checkpoint import atomic_directory
+
+    out = Path(out)
+    layers = hidden_layers if hidden_layers is not None else (model.config.n_layer,)
+    fingerprint = model.fingerprint()
+    included: dict[str, DrafterPackage] = {}
+    for path in drafters:
+        meta = Path(path) / META_FILE
+        if not meta.is_file():
+            raise ConfigError(f"{path} is not a drafter package ({META_FILE} is missing)")
+        kind = json.loads(meta.read_text()).get("kind")
+        package = DrafterPackage.load(path, kind)
+        package.check_target(model)
+        if kind in included:
+            raise ConfigError(f"two {kind} drafters given; a package holds one drafter of each kind")
+        included[kind] = package
+    start = time.perf_counter()
+    with atomic_directory(out) as tmp:
+        graph = export_step_graph(model, tmp / GRAPH, layers)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        for kind, package in included.items():
+            package.save(tmp / "drafters" / kind)
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "warpdecode_version": warpdecode.__version__,
+            "torch_version": torch.__version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "target": {"source": source, "fingerprint": fingerprint, "config": model.config.to_dict()},
+            "backbone": {"graph": GRAPH, "opset": OPSET, "dtype": str(model.embed.weight.dtype).removeprefix("torch."),
+                         "hidden_layers": list(graph.hidden_layers), "inputs": graph.input_names(),
+                         "outputs": graph.output_names()},
+            "drafters": {kind: f"drafters/{kind}" for kind in included},
+            "generation": generation or {},
+            "export_seconds": round(time.perf_counter() - start, 1),
+            "files": _file_table(tmp),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+@dataclass
+class InferencePackage:
+    directory: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def load(cls, directory: str | Path) -> InferencePackage:
+        """Open and verify a package (format version, then every file's size and sha256)."""
+        directory = Path(directory)
+        path = directory / MANIFEST
+        if not path.is_file():
+            raise PackageIntegrityError(f"{directory} is not an inference package: {MANIFEST} is missing "
+                                        f"(make one with `warpdecode export`)")
+        try:
+            manifest = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise PackageIntegrityError(f"{path} is not valid JSON: {e}") from e
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise PackageIntegrityError(f"{path} is not a {FORMAT} manifest")
+        version = manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            newer = isinstance(version, int) and version > FORMAT_VERSION
+            raise PackageIntegrityError(
+                f"{directory} has package format {version} (written by warpdecode {manifest.get('warpdecode_version')}); "
+                f"this warpdecode {warpdecode.__version__} reads format {FORMAT_VERSION}"
+                + ("; upgrade warpdecode" if newer else "; re-export it"))
+        files = manifest.get("files")
+        if not isinstance(files, dict) or GRAPH not in files:
+            raise PackageIntegrityError(f"{path} lists no {GRAPH}")
+        for name, entry in files.items():
+            file = directory / name
+            if not file.is_file():
+                raise PackageIntegrityError(f"{directory}: {name} is missing")
+            size = file.stat().st_size
+            if size != entry["bytes"]:
+                raise PackageIntegrityError(f"{directory}: {name} has {size} bytes, the manifest says {entry['bytes']} "
+                                            f"(truncated or replaced)")
+            if sha256_of(file) != entry["sha256"]:
+                raise PackageIntegrityError(f"{directory}: {name} does not match its sha256 in the manifest "
+                                            f"(modified after export)")
+        return cls(directory, manifest)
+
+    @property
+    def config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.manifest["target"]["config"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.manifest["target"]["fingerprint"])
+
+    @property
+    def generation(self) -> dict[str, Any]:
+        return dict(self.manifest.get("generation", {}))
+
+    def tokenizer(self) -> Tokenizer | None:
+        return Tokenizer.load(self.directory) if "tokenizer.json" in self.manifest["files"] else None
+
+    def drafter_path(self, kind: str) -> Path | None:
+        """The included drafter of `kind` (e.g. eagle), or None."""
+        relative = self.manifest.get("drafters", {}).get(kind)
+        return None if relative is None else self.directory / relative
+
+    def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
+        """The exported model on `backend`: onnxruntime runs the graph; torch rebuilds the
+        `Transformer` from the graph's weights (the reference the graph is checked against)."""
+        graph = self.directory / GRAPH
+        config = self.config
+        if backend == "torch":
+            if device != "cpu":
+                raise CapabilityError("the torch backend of a package runs on the CPU here; move the model yourself for GPUs")
+            return self._torch_model(graph, config)
+        if backend == "onnxruntime":
+            from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
+
+            names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
+            weights = read_weights(graph, names)
+            return OnnxRuntimeBackbone(graph, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
+                                       weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
+                                       torch_loader=lambda: self._torch_model(graph, config), device=device,
+                                       threads=threads)
+        raise CapabilityError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+                              + (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime "
+                                 "has its TensorRT provider)" if backend == "tensorrt" else ""))
+
+    def _torch_model(self, graph: Path, config: ModelConfig) -> Transformer:
+        with torch.device("meta"):
+            model = Transformer(config)
+        keys = [k for k in model.state_dict()]
+        weights = read_weights(graph, [WEIGHT_PREFIX + k for k in keys])
+        model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
+        if config.position == "rope":
+            model.inv_freq = rope_inv_freq(config)
+        model.eval()
+        if model.fingerprint() != self.fingerprint:
+            raise PackageIntegrityError(f"{self.directory}: the weights in {GRAPH} are not the exported model's "
+                                        f"(fingerprint {model.fingerprint()}, manifest {self.fingerprint})")
+        return model
+

@@ -1,0 +1,58 @@
+"""The backbone protocol: the seam between training, export and the decoding runtime.
+
+Every backend (the PyTorch `Transformer`, the ONNX Runtime step graph of an inference package)
+takes `(tokens, positions, cache, attention_mask)` and returns logits plus the requested hidden
+states, reading and appending to the same `KVCache`; decoding code never knows which one it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from torch import Tensor, nn
+
+from warpdecode.models.cache import KVCache
+from warpdecode.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from warpdecode.models.transformer import BackboneOutput, Transformer
+
+
+class Backbone(Protocol):
+    config: ModelConfig
+    embed: nn.Embedding
+    """The input token embedding (V, C); drafters read it, and its weight names the device and dtype."""
+
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+        logits_slice: slice | None = None,
+    ) -> BackboneOutput:
+        """Run `T` new tokens per row; see `Transformer.forward` for the argument shapes."""
+        ...
+
+    def head(self, x: Tensor) -> Tensor:
+        """LM head: (..., C) final normed hidden states → (..., V) logits."""
+        ...
+
+    def output_embeddings(self) -> Tensor:
+        """(V, C) LM-head weight (the input embedding when tied)."""
+        ...
+
+    def pack_for_cpu_inference(self) -> int:
+        """Prepare for batch-1 CPU inference (idempotent); the number of weights prepared."""
+        ...
+
+    def fingerprint(self) -> str:
+        """Identity of architecture and weights (`models.identity`): trained drafters check it."""
+        ...
+
+    def torch_model(self) -> Transformer:
+        """These weights as a PyTorch `Transformer` (itself for the PyTorch backend): drafters made
+        from the target's own weights (its first layers, a quantised copy, a layer-skip view) build on it."""
+        ...
