@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from warpdecode.models.named import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from warpdecode.models.backbone import Backbone
+    from warpdecode.models.tokenizer import Tokenizer
 
 
 def convert(source: str, out: Path) -> None:
@@ -28,7 +32,10 @@ def convert(source: str, out: Path) -> None:
 
 def generate(
     *,
-    model: str = DEFAULT_MODEL,
+    model: str | None = None,
+    package: Path | None = None,
+    backend: str = "torch",
+    device: str = "cpu",
     prompt: str,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
@@ -41,7 +48,7 @@ def generate(
     presence_penalty: float = 0.0,
     seed: int | None = None,
     chat: bool | None = None,
-    method: str = "none",
+    method: str | None = None,
     method_options: dict[str, Any] | None = None,
     verifier: str | None = None,
     verifier_options: dict[str, Any] | None = None,
@@ -53,7 +60,11 @@ def generate(
     """Generate text from a prompt, streaming it to the terminal.
 
     Args:
-        model: model directory, .gguf file, or model name.
+        model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
+        package: an inference package (`warpdecode export`) to run instead of --model; its trained
+            drafters run with --method NAME and no path.
+        backend: torch, or onnxruntime (needs --package).
+        device: cpu; with onnxruntime also cuda or tensorrt where ONNX Runtime has those providers.
         prompt: the prompt text.
         max_new_tokens: largest number of tokens to generate.
         temperature: 0 for greedy decoding; > 0 samples at this temperature.
@@ -66,7 +77,8 @@ def generate(
         presence_penalty: subtracted from the logit of every token generated so far; also greedy.
         seed: random seed for sampling.
         chat: wrap the prompt in the model's chat template (default: when the model has one).
-        method: decoding method (a drafter from `warpdecode methods`); none = plain decoding.
+        method: decoding method (a drafter from `warpdecode methods`); none = plain decoding (the
+            default, or the method a package was exported with).
         method_options: the drafter's options as JSON, e.g. '{"layers": 10}' for draft_model.
         verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
         verifier_options: the verifier's options as JSON.
@@ -78,16 +90,17 @@ def generate(
     from warpdecode.decoding.generate import build_method
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
-    from warpdecode.models.checkpoint import load_pretrained
 
     if temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {temperature}")
     if threads is not None:
         torch.set_num_threads(threads)
-    built = build_method(method, do_sample=temperature > 0, verifier=verifier, options=method_options,
+    target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads)
+    method = method or default_method
+    built = build_method(method, do_sample=temperature > 0, verifier=verifier,
+                         options=drafter_options.get(method, {}) | (method_options or {}),
                          verifier_options=verifier_options, controller=controller,
                          controller_options=controller_options)
-    target, tokenizer = load_pretrained(model)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -120,6 +133,74 @@ def generate(
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _load_target(model: str | None, package: Path | None, backend: str, device: str,
+                 threads: int | None) -> tuple[Backbone, Tokenizer | None, dict[str, dict[str, Any]], str]:
+    """The backbone to run, its tokenizer, the drafter options a package supplies, and the default method."""
+    from warpdecode.errors import ConfigError
+    from warpdecode.models.checkpoint import load_pretrained
+
+    if package is None:
+        if backend != "torch" or device != "cpu":
+            raise ConfigError(f"--backend {backend} --device {device} runs an exported package: add --package DIR "
+                              f"(make one with `warpdecode export`)")
+        target, tokenizer = load_pretrained(model or DEFAULT_MODEL)
+        return target, tokenizer, {}, "none"
+    if model is not None:
+        raise ConfigError("give --model or --package, not both")
+    from warpdecode.export.package import InferencePackage
+
+    loaded = InferencePackage.load(package)
+    return (loaded.backbone(backend, device=device, threads=threads), loaded.tokenizer(), loaded.drafter_options(),
+            loaded.generation.get("method", "none"))
+
+
+def export(
+    out: Path,
+    *,
+    model: str = DEFAULT_MODEL,
+    drafters: str | None = None,
+    hidden_layers: str | None = None,
+    method: str | None = None,
+) -> None:
+    """Export a model and its trained drafters as an inference package (ONNX graph, manifest, hashes).
+
+    The package holds the backbone's step graph, the tokenizer, the drafters and a manifest with the
+    sha256 of every file; `generate --package` and `bench --package` run it. Example:
+
+        warpdecode export packages/smollm2 --drafters drafters/eagle,drafters/hydra
+
+    Args:
+        out: package directory (created; replaced if it exists).
+        model: model directory, .gguf file, or model name.
+        drafters: comma-separated trained drafter package directories to include (each must be trained
+            for --model).
+        hidden_layers: comma-separated hidden states (0..L) the graph returns besides the logits
+            (default: L, the final one, which every learned drafter reads).
+        method: default decoding method of `generate --package` (e.g. the kind of an included drafter).
+    """
+    import time
+
+    from warpdecode.errors import ConfigError
+    from warpdecode.export.package import InferencePackage, export_package
+    from warpdecode.models.checkpoint import load_pretrained
+
+    target, tokenizer = load_pretrained(model)
+    generation = {} if method is None else {"method": method}
+    start = time.perf_counter()
+    print(f"exporting {model} ({sum(p.numel() for p in target.parameters()) / 1e6:.0f}M parameters) to {out} ...",
+          file=sys.stderr)
+    try:
+        layers = None if hidden_layers is None else tuple(int(x) for x in hidden_layers.split(","))
+    except ValueError as e:
+        raise ConfigError(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from e
+    path = export_package(target, tokenizer, out, source=model, hidden_layers=layers, generation=generation,
+                          drafters=[Path(d.strip()) for d in (drafters or "").split(",") if d.strip()])
+    manifest = InferencePackage.load(path).manifest
+    size = sum(f["bytes"] for f in manifest["files"].values())
+    print(f"wrote {path} ({size / 2**20:.0f} MiB, {len(manifest['files'])} files, opset {manifest['backbone']['opset']}, "
+          f"drafters: {', '.join(manifest['drafters']) or 'none'}) in {time.perf_counter() - start:.0f} s")
 
 
 def methods(*, json_output: bool = False) -> None:
@@ -158,6 +239,8 @@ def methods(*, json_output: bool = False) -> None:
 def bench(
     *,
     model: str = DEFAULT_MODEL,
+    package: str | None = None,
+    backends: str = "torch",
     methods: str | list[str | dict[str, Any]] = "none,prompt_lookup",
     prompts: str = "spec_bench",
     categories: str | None = None,
@@ -181,6 +264,10 @@ def bench(
 
     Args:
         model: model directory, .gguf file, or model name.
+        package: an inference package (`warpdecode export`) to run instead of --model; its trained
+            drafters run as NAME without path=.
+        backends: comma-separated backends every method runs on: torch, onnxruntime (needs --package).
+            Rows on another backend are labelled METHOD@BACKEND; plain greedy on torch is the baseline.
         methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
             options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10. Values are int, float,
             true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY: VALUE} mappings.
@@ -201,7 +288,7 @@ def bench(
     from warpdecode.bench.harness import BenchConfig, run_bench
     from warpdecode.bench.report import write
 
-    config = BenchConfig(model=model, prompts=prompts, categories=categories, limit=limit, max_new_tokens=max_new_tokens,
+    config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts, categories=categories, limit=limit, max_new_tokens=max_new_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, peers=peers, threads=threads,
                          warmup_tokens=warmup_tokens)
     result = run_bench(config, methods=methods)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,17 +25,25 @@ from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.errors import CapabilityError, ConfigError
-from warpdecode.models.checkpoint import load_pretrained, resolve
+from warpdecode.export.package import BACKENDS, InferencePackage
+from warpdecode.models.backbone import Backbone
+from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
 from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.models.tokenizer import Tokenizer
 
 PEERS = ("auto", "transformers", "none")
 TRANSFORMERS = "transformers"
+TORCH = "torch"
 ALL = "all"
 
 
 @dataclass
 class BenchConfig:
     model: str = DEFAULT_MODEL
+    package: str | None = None
+    """An inference package (`warpdecode export`) to run instead of `model`."""
+    backends: str = TORCH
+    """Comma-separated backends every method runs on (other than torch: needs `package`)."""
     methods: list[str] = field(default_factory=lambda: [BASELINE])
     """Canonical method specs, baseline first (see `warpdecode.bench.specs`)."""
     prompts: str = "spec_bench"
@@ -51,7 +60,8 @@ class BenchConfig:
 
     def command(self, out: Path | None = None) -> str:
         """The `warpdecode bench` command line that repeats this run."""
-        parts = ["warpdecode bench", f"--model {self.model}", f"--methods {','.join(self.methods)}",
+        source = f"--package {self.package} --backends {self.backends}" if self.package else f"--model {self.model}"
+        parts = ["warpdecode bench", source, f"--methods {','.join(self.methods)}",
                  f"--prompts {self.prompts}", f"--max-new-tokens {self.max_new_tokens}"]
         optional = {"categories": self.categories, "limit": self.limit, "temperature": self.temperature or None, "top-k": self.top_k,
                     "top-p": self.top_p, "threads": self.threads, "peers": None if self.peers == "auto" else self.peers}
@@ -66,6 +76,31 @@ class RowInfo:
     lossless: bool
     """Output must equal plain greedy at temperature 0 (every drafter with its default verifier)."""
     settings: dict[str, Any]
+    backend: str = TORCH
+
+
+def row_label(spec: MethodSpec, backend: str) -> str:
+    """`prompt_lookup` on torch, `prompt_lookup@onnxruntime` on another backend."""
+    return spec.label if backend == TORCH else f"{spec.label}@{backend}"
+
+
+def parse_backends(text: str) -> list[str]:
+    backends = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if not backends or unknown:
+        raise ConfigError(f"--backends must list some of {', '.join(BACKENDS)}, got {text!r}")
+    return list(dict.fromkeys(backends))
+
+
+def load_targets(config: BenchConfig, package: InferencePackage | None,
+                 backends: list[str]) -> tuple[dict[str, Backbone], Tokenizer | None]:
+    """The model (or the package) on torch, which runs the baseline, and on every other backend."""
+    if package is None:
+        if backends != [TORCH]:
+            raise ConfigError(f"--backends {','.join(backends)} needs --package (make one with `warpdecode export`)")
+        model, tokenizer = load_pretrained(resolve(config.model))
+        return {TORCH: model}, tokenizer
+    return {b: package.backbone(b, threads=config.threads) for b in dict.fromkeys([TORCH] + backends)}, package.tokenizer()
 
 
 @dataclass
@@ -233,7 +268,10 @@ def run_bench(
     without transformers installed.
     """
     config = config or BenchConfig()
-    specs = parse_methods(methods if methods is not None else config.methods)
+    backends = parse_backends(config.backends)
+    package = InferencePackage.load(config.package) if config.package else None
+    specs = parse_methods(methods if methods is not None else config.methods,
+                          defaults=package.drafter_options() if package else None)
     config.methods = [s.label for s in specs]
     if config.peers not in PEERS:
         raise ConfigError(f"--peers must be one of {', '.join(PEERS)}, got {config.peers!r}")
@@ -246,26 +284,37 @@ def run_bench(
     start = time.perf_counter()
     machine = machine_info()
     sampling = config.temperature > 0
-    model_dir = resolve(config.model)
-    model, tokenizer = load_pretrained(model_dir)
+    backbones, tokenizer = load_targets(config, package, backends)
+    context = backbones[TORCH].config.max_seq_len
+    if tokenizer is None:
+        raise ConfigError("bench needs a tokenizer; the package was exported without one")
     encoded: list[tuple[BenchPrompt, list[int]]] = []
     too_long: list[tuple[BenchPrompt, list[int]]] = []
     for p in chosen:
         ids = encode_prompt(tokenizer, p.text, chat=p.chat)
-        (encoded if len(ids) + config.max_new_tokens <= model.config.max_seq_len else too_long).append((p, ids))
+        (encoded if len(ids) + config.max_new_tokens <= context else too_long).append((p, ids))
     if not encoded:
-        raise ConfigError(f"all {len(chosen)} prompts are longer than the context ({model.config.max_seq_len} tokens) "
+        raise ConfigError(f"all {len(chosen)} prompts are longer than the context ({context} tokens) "
                           f"minus --max-new-tokens {config.max_new_tokens}")
-    built_methods = {s.label: s.build(do_sample=sampling) for s in specs}
-    peer_models, skipped_rows = _peer_rows(config, specs, model_dir)
-    rows = [RowInfo(s.label, "warpdecode", built_methods[s.label].verifier.lossless, s.options) for s in specs]
+    # torch runs the baseline even when only other backends were asked for
+    runs = [(s, b) for b in dict.fromkeys([TORCH] + backends) for s in specs if b in backends or s.label == BASELINE]
+    built_methods = {row_label(s, b): s.build(do_sample=sampling) for s, b in runs}
+    if package is None:
+        peer_models, skipped_rows = _peer_rows(config, specs, resolve(config.model))
+    else:  # the peers load the package's weights from a temporary checkpoint
+        with tempfile.TemporaryDirectory(prefix="warpdecode-peer-") as tmp:
+            if config.peers != "none":
+                save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
+            peer_models, skipped_rows = _peer_rows(config, specs, Path(tmp))
+    rows = [RowInfo(row_label(s, b), "warpdecode", built_methods[row_label(s, b)].verifier.lossless, s.options, b)
+            for s, b in runs]
     rows += [RowInfo(label, "transformers", True, peer_lib.describe(p.generate_kwargs)) for label, p in peer_models.items()]
     temperature = config.temperature if sampling else 1.0
 
     def run_row(row: RowInfo, ids: list[int], max_new: int, seed: int) -> Measurement:
         with PeakRSS() as peak:
             if row.kind == "warpdecode":
-                out = generate(model, tokenizer, ids, max_new_tokens=max_new, do_sample=sampling, seed=seed,
+                out = generate(backbones[row.backend], tokenizer, ids, max_new_tokens=max_new, do_sample=sampling, seed=seed,
                                temperature=temperature, top_k=config.top_k, top_p=config.top_p,
                                method=built_methods[row.label])
                 s = out.stats

@@ -13,6 +13,7 @@ Names and options are checked against the registry (`warpdecode methods`) before
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -58,6 +59,9 @@ class MethodSpec:
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Drafter options supplied by the run rather than the spec (an inference package's drafter
+    `path`); the spec's own options override them, and they are not part of the label."""
 
     @property
     def label(self) -> str:
@@ -67,7 +71,7 @@ class MethodSpec:
     def _split(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(drafter options, build_method's `controller` / `verifier` names)."""
         components = {k: v for k, v in self.options.items() if k in COMPONENT_KEYS}
-        return {k: v for k, v in self.options.items() if k not in COMPONENT_KEYS}, components
+        return self.defaults | {k: v for k, v in self.options.items() if k not in COMPONENT_KEYS}, components
 
     def build(self, *, do_sample: bool) -> Method:
         options, components = self._split()
@@ -107,11 +111,13 @@ def _from_mapping(entry: Mapping[str, Any]) -> MethodSpec:
     return MethodSpec(entry["name"], {k: v for k, v in entry.items() if k != "name"})
 
 
-def parse_methods(value: str | Sequence[str | Mapping[str, Any]]) -> list[MethodSpec]:
+def parse_methods(value: str | Sequence[str | Mapping[str, Any]],
+                  defaults: Mapping[str, dict[str, Any]] | None = None) -> list[MethodSpec]:
     """Parse and validate a method list; the baseline `none` comes first, added if missing.
 
     Accepts the CLI form (`"prompt_lookup,draft_model:layers=10"`) or a config list whose entries are
     spec strings or mappings with a `name` key. Two entries with the same label are an error.
+    `defaults`: drafter name → options the run supplies (see `MethodSpec.defaults`).
     """
     entries: list[str | Mapping[str, Any]] = [value] if isinstance(value, str) else list(value)
     specs: list[MethodSpec] = []
@@ -127,6 +133,7 @@ def parse_methods(value: str | Sequence[str | Mapping[str, Any]]) -> list[Method
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise ConfigError(f"method(s) listed twice: {', '.join(duplicates)}")
+    specs = [dataclasses.replace(s, defaults=dict((defaults or {}).get(s.name, {}))) for s in specs]
     for spec in specs:
         spec.validate()
     baseline = [s for s in specs if s.label == BASELINE] or [MethodSpec(BASELINE)]

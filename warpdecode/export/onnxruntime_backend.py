@@ -59,6 +59,7 @@ class OnnxRuntimeBackbone:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # a provider that fails to load is reported below, not as log noise
         self.session = ort.InferenceSession(str(graph), options, providers=PROVIDERS[device])
         active = self.session.get_providers()

@@ -92,6 +92,9 @@ def export_package(
         if kind in included:
             raise ConfigError(f"two {kind} drafters given; a package holds one drafter of each kind")
         included[kind] = package
+    if included and model.config.n_layer not in layers:
+        raise ConfigError(f"the drafters read hidden state {model.config.n_layer} (the final one); "
+                          f"export it (hidden layers {list(layers)} were asked for)")
     start = time.perf_counter()
     with atomic_directory(out) as tmp:
         graph = export_step_graph(model, tmp / GRAPH, layers)
@@ -175,10 +178,10 @@ class InferencePackage:
     def tokenizer(self) -> Tokenizer | None:
         return Tokenizer.load(self.directory) if "tokenizer.json" in self.manifest["files"] else None
 
-    def drafter_path(self, kind: str) -> Path | None:
-        """The included drafter of `kind` (e.g. eagle), or None."""
-        relative = self.manifest.get("drafters", {}).get(kind)
-        return None if relative is None else self.directory / relative
+    def drafter_options(self) -> dict[str, dict[str, Any]]:
+        """Drafter name → the options that run the package's trained drafter of that kind
+        (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path."""
+        return {kind: {"path": str(self.directory / relative)} for kind, relative in self.manifest.get("drafters", {}).items()}
 
     def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
         """The exported model on `backend`: onnxruntime runs the graph; torch rebuilds the

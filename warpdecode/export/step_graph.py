@@ -26,6 +26,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from warpdecode.errors import ConfigError
 from warpdecode.models.transformer import Block, Transformer, rotate_half
 
 
@@ -34,7 +35,7 @@ class StepGraph(nn.Module):
         super().__init__()
         config = model.config
         if not set(hidden_layers) <= set(range(config.n_layer + 1)):
-            raise ValueError(f"hidden_layers {hidden_layers} out of range 0..{config.n_layer}")
+            raise ConfigError(f"hidden layers {list(hidden_layers)} out of range 0..{config.n_layer}")
         self.model = model
         self.hidden_layers = tuple(sorted(set(hidden_layers)))
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_head_count, config.head_width

@@ -1,0 +1,17 @@
+"""The exported package shared by the export tests: one dynamo export costs ~15 s even for a tiny model."""
+
+from pathlib import Path
+
+import pytest
+from tiny_models import greedy_target
+
+from warpdecode.export.package import export_package
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tmp_path_factory, drafter_options) -> Path:
+    """`greedy_target()` exported with hidden states 1 and 3 (its final one) and its untrained EAGLE
+    and Hydra drafters; no tokenizer."""
+    drafters = [drafter_options["eagle"]["path"], drafter_options["hydra"]["path"]]
+    return export_package(greedy_target(), None, tmp_path_factory.mktemp("pkg") / "tiny", source="greedy_target",
+                          hidden_layers=(1, 3), drafters=drafters, generation={"method": "hydra"})

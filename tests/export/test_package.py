@@ -1,0 +1,113 @@
+"""Inference packages: what the manifest records, and refusing tampered, truncated or foreign packages."""
+
+import json
+import shutil
+
+import pytest
+from tiny_models import eagle_package, greedy_target, random_model
+
+from warpdecode.decoding.generate import build_method, generate
+from warpdecode.errors import CheckpointError, ConfigError, PackageIntegrityError
+from warpdecode.export.package import FORMAT_VERSION, InferencePackage, export_package, sha256_of
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture
+def copy(tiny_package, tmp_path):
+    """A private copy of the shared package that a test may damage."""
+    return shutil.copytree(tiny_package, tmp_path / "copy")
+
+
+def test_manifest_describes_the_package(tiny_package):
+    manifest = InferencePackage.load(tiny_package).manifest
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["target"]["fingerprint"] == greedy_target().fingerprint()
+    assert manifest["backbone"]["hidden_layers"] == [1, 3]
+    assert manifest["backbone"]["opset"] == 18
+    assert manifest["drafters"] == {"eagle": "drafters/eagle", "hydra": "drafters/hydra"}
+    listed = set(manifest["files"])
+    on_disk = {p.relative_to(tiny_package).as_posix() for p in tiny_package.rglob("*") if p.is_file()}
+    assert listed == on_disk - {"manifest.json"}
+    assert {"backbone.onnx", "backbone.onnx.data", "drafters/eagle/drafter.safetensors"} <= listed
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256_of(tiny_package / name)
+
+
+def test_included_drafters_run_without_a_path(tiny_package):
+    package = InferencePackage.load(tiny_package)
+    backbone = package.backbone("onnxruntime", threads=1)
+    options = package.drafter_options()
+    assert set(options) == {"eagle", "hydra"} and package.generation == {"method": "hydra"}
+    plain = generate(backbone, None, [1, 2, 3], max_new_tokens=12, stop_at_eos=False)
+    for kind in options:
+        out = generate(backbone, None, [1, 2, 3], max_new_tokens=12, stop_at_eos=False,
+                       method=build_method(kind, options=options[kind]))
+        assert out.token_ids == plain.token_ids
+
+
+def test_modified_weights_are_refused(copy):
+    data = copy / "backbone.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(PackageIntegrityError, match="backbone.onnx.data does not match its sha256"):
+        InferencePackage.load(copy)
+
+
+def test_truncated_file_is_refused(copy):
+    graph = copy / "backbone.onnx"
+    graph.write_bytes(graph.read_bytes()[:-10])
+    with pytest.raises(PackageIntegrityError, match="backbone.onnx has .* bytes, the manifest says"):
+        InferencePackage.load(copy)
+
+
+def test_missing_file_is_refused(copy):
+    (copy / "drafters" / "eagle" / "drafter.json").unlink()
+    with pytest.raises(PackageIntegrityError, match="drafters/eagle/drafter.json is missing"):
+        InferencePackage.load(copy)
+
+
+def test_newer_format_asks_for_an_upgrade(copy):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = FORMAT_VERSION + 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackageIntegrityError, match="upgrade warpdecode"):
+        InferencePackage.load(copy)
+
+
+def test_not_a_package_is_refused(tmp_path, copy):
+    with pytest.raises(PackageIntegrityError, match="manifest.json is missing"):
+        InferencePackage.load(tmp_path / "nothing")
+    (copy / "manifest.json").write_text("{not json")
+    with pytest.raises(PackageIntegrityError, match="not valid JSON"):
+        InferencePackage.load(copy)
+
+
+def test_weights_swapped_consistently_are_caught_by_the_fingerprint(copy):
+    """Someone who edits the weights and re-hashes the manifest still fails the identity check."""
+    data = copy / "backbone.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[:4] = b"\x00\x00\x80\x3f"  # the first weight value becomes 1.0
+    data.write_bytes(bytes(raw))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["backbone.onnx.data"] = {"sha256": sha256_of(data), "bytes": data.stat().st_size}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackageIntegrityError, match="not the exported model's"):
+        InferencePackage.load(copy).backbone("torch")
+
+
+def test_drafter_of_another_target_is_refused_at_export(tmp_path):
+    other = random_model(seed=9, std=0.3, vocab_size=64, n_layer=3, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
+                         max_seq_len=256)
+    drafter = eagle_package(other, tmp_path / "eagle")
+    with pytest.raises(CheckpointError, match="trained for 'tiny'"):
+        export_package(greedy_target(), None, tmp_path / "pkg", source="x", drafters=[drafter])
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_drafters_need_the_final_hidden_state(tmp_path, drafter_options):
+    with pytest.raises(ConfigError, match="read hidden state 3"):
+        export_package(greedy_target(), None, tmp_path / "pkg", source="x", hidden_layers=(1,),
+                       drafters=[drafter_options["eagle"]["path"]])
+
