@@ -43,8 +43,10 @@ def _example_inputs(model: Transformer) -> tuple[torch.Tensor, ...]:
     return (tokens, positions, mask, logit_index, *past)
 
 
-def export_step_graph(model: Transformer, path: Path, hidden_layers: tuple[int, ...]) -> StepGraph:
-    """Write `path` (and `path`.data) for `model`, check it with `onnx.checker`, return the wrapper.
+def export_step_graph(model: Transformer, path: Path,
+                      hidden_layers: tuple[int, ...]) -> tuple[StepGraph, dict[str, str]]:
+    """Write `path` (and `path`.data) for `model`, check it with `onnx.checker`; return the wrapper
+    and the weight aliases (`_weight_aliases`) that `read_weights` needs to find every weight.
 
     `hidden_layers`: the hidden states (0..L, see `BackboneOutput`) the graph returns beside the
     logits; drafters can only read these on an exported backbone.
@@ -76,7 +78,23 @@ def export_step_graph(model: Transformer, path: Path, hidden_layers: tuple[int, 
         optimize_ir(program.model, should_fold=lambda node: False if node.op_type == "Transpose" else None)
         program.save(str(path), external_data=True)
     onnx.checker.check_model(str(path))
-    return graph
+    return graph, _weight_aliases(model, set(program.model.graph.initializers))
+
+
+def _weight_aliases(model: Transformer, kept: set[str]) -> dict[str, str]:
+    """State-dict weights the optimizer merged into an identical initializer (untrained norms are all
+    ones, for example): graph name of each missing weight → the initializer that holds its values."""
+    state = {WEIGHT_PREFIX + k: v for k, v in model.state_dict().items()}
+    aliases = {}
+    for name, tensor in state.items():
+        if name in kept:
+            continue
+        twin = next((other for other in sorted(kept & state.keys())
+                     if state[other].shape == tensor.shape and torch.equal(state[other], tensor)), None)
+        if twin is None:
+            raise RuntimeError(f"the exported graph lost the weight {name}; the torch backend could not rebuild it")
+        aliases[name] = twin
+    return aliases
 
 
 @contextlib.contextmanager
@@ -93,17 +111,24 @@ def _quiet_loggers() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def read_weights(path: Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-    """Initializers of the graph at `path` (all, or `names`) as CPU tensors, read straight from the
-    external data file (or the graph itself for small inline tensors)."""
+def read_weights(path: Path, names: Iterable[str], aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """The initializers `names` of the graph at `path` as CPU tensors, read straight from the
+    external data file (or the graph itself for small inline tensors); `aliases` maps a merged
+    weight's name to the initializer that holds it."""
+    aliases = aliases or {}
+    requested = list(names)
+    found = _read_initializers(path, {aliases.get(n, n) for n in requested})
+    return {n: found[aliases.get(n, n)] for n in requested}
+
+
+def _read_initializers(path: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
     import onnx
     from onnx import numpy_helper
 
     graph = onnx.load(str(path), load_external_data=False).graph
-    wanted = None if names is None else set(names)
     out: dict[str, torch.Tensor] = {}
     for init in graph.initializer:
-        if wanted is not None and init.name not in wanted:
+        if init.name not in wanted:
             continue
         if init.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in init.external_data}
@@ -117,6 +142,6 @@ def read_weights(path: Path, names: Iterable[str] | None = None) -> dict[str, to
         else:
             array = numpy_helper.to_array(init).copy()
         out[init.name] = torch.from_numpy(array)
-    if wanted is not None and wanted - out.keys():
+    if wanted - out.keys():
         raise PackageIntegrityError(f"{path} lacks the weights {sorted(wanted - out.keys())[:4]}")
     return out

@@ -97,7 +97,7 @@ def export_package(
                           f"export it (hidden layers {list(layers)} were asked for)")
     start = time.perf_counter()
     with atomic_directory(out) as tmp:
-        graph = export_step_graph(model, tmp / GRAPH, layers)
+        graph, aliases = export_step_graph(model, tmp / GRAPH, layers)
         if tokenizer is not None:
             tokenizer.save(tmp)
         for kind, package in included.items():
@@ -111,7 +111,7 @@ def export_package(
             "target": {"source": source, "fingerprint": fingerprint, "config": model.config.to_dict()},
             "backbone": {"graph": GRAPH, "opset": OPSET, "dtype": str(model.embed.weight.dtype).removeprefix("torch."),
                          "hidden_layers": list(graph.hidden_layers), "inputs": graph.input_names(),
-                         "outputs": graph.output_names()},
+                         "outputs": graph.output_names(), "weight_aliases": aliases},
             "drafters": {kind: f"drafters/{kind}" for kind in included},
             "generation": generation or {},
             "export_seconds": round(time.perf_counter() - start, 1),
@@ -172,6 +172,10 @@ class InferencePackage:
         return str(self.manifest["target"]["fingerprint"])
 
     @property
+    def weight_aliases(self) -> dict[str, str]:
+        return dict(self.manifest["backbone"].get("weight_aliases", {}))
+
+    @property
     def generation(self) -> dict[str, Any]:
         return dict(self.manifest.get("generation", {}))
 
@@ -196,7 +200,7 @@ class InferencePackage:
             from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
 
             names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
-            weights = read_weights(graph, names)
+            weights = read_weights(graph, names, self.weight_aliases)
             return OnnxRuntimeBackbone(graph, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
                                        weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
                                        torch_loader=lambda: self._torch_model(graph, config), device=device,
@@ -209,7 +213,7 @@ class InferencePackage:
         with torch.device("meta"):
             model = Transformer(config)
         keys = [k for k in model.state_dict()]
-        weights = read_weights(graph, [WEIGHT_PREFIX + k for k in keys])
+        weights = read_weights(graph, [WEIGHT_PREFIX + k for k in keys], self.weight_aliases)
         model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
         if config.position == "rope":
             model.inv_freq = rope_inv_freq(config)
