@@ -203,6 +203,67 @@ def export(
           f"drafters: {', '.join(manifest['drafters']) or 'none'}) in {time.perf_counter() - start:.0f} s")
 
 
+def regress(
+    package: Path,
+    *,
+    record: Path | None = None,
+    check: Path | None = None,
+    prompts: str | None = None,
+    methods: str = "none",
+    backend: str = "onnxruntime",
+    max_new_tokens: int = 32,
+    tau_tolerance: float = 0.05,
+) -> None:
+    """Record or check a package's outputs and acceptance lengths (a model-regression test for CI).
+
+    Example: `warpdecode regress packages/smollm2 --record regression.json --methods none,hydra`, then
+    `warpdecode regress packages/smollm2 --check regression.json` exits 1 if any output or tau regressed.
+
+    Args:
+        package: an inference package (`warpdecode export`).
+        record: write a new record of the current outputs here.
+        check: compare against this record (its prompts, methods and backend).
+        prompts: with --record: a JSONL file of prompts (the `prompt` or `text` field of each line), or
+            a prompt set of `warpdecode bench` (default: 4 Spec-Bench prompts).
+        methods: with --record: comma-separated methods (the package's drafters need no path).
+        backend: with --record: onnxruntime or torch.
+        max_new_tokens: with --record: tokens generated per prompt.
+        tau_tolerance: with --check: allowed relative drop of tau below the recorded value.
+    """
+    from warpdecode.errors import ConfigError
+    from warpdecode.export import regression
+    from warpdecode.export.package import InferencePackage
+
+    if (record is None) == (check is None):
+        raise ConfigError("give exactly one of --record FILE or --check FILE")
+    loaded = InferencePackage.load(package)
+    if check is not None:
+        failures = regression.check(loaded, regression.Record.load(check), tau_tolerance=tau_tolerance)
+        for line in failures:
+            print(f"REGRESSION {line}")
+        print(f"{len(failures)} regression(s) against {check}")
+        if failures:
+            sys.exit(1)
+        return
+    assert record is not None
+    texts = _regression_prompts(prompts)
+    result = regression.run(loaded, list(texts), [m.strip() for m in methods.split(",") if m.strip()],
+                            backend=backend, max_new_tokens=max_new_tokens)
+    result.save(record)
+    for method, runs in result.results.items():
+        print(f"{method:<20} tau {sum(r['tau'] for r in runs) / len(runs):.2f} over {len(runs)} prompts")
+    print(f"wrote {record}")
+
+
+def _regression_prompts(source: str | None) -> list[str]:
+    from warpdecode.bench.prompts import load_prompts
+    from warpdecode.datamodules.corpus import read_jsonl
+
+    if source is not None and Path(source).is_file():
+        return [str(row.get("prompt", row.get("text", ""))) for _, row in read_jsonl(Path(source))]
+    return [p.text for p in load_prompts(source or "spec_bench", limit=1)][:4]
+
+
 def methods(*, json_output: bool = False) -> None:
     """List the registered decoding components: drafters (methods), verifiers and controllers.
 

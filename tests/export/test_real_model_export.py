@@ -1,0 +1,60 @@
+"""The default model exported and run on ONNX Runtime: logits within tolerance of PyTorch, and every
+lossless method tried here token-identical to PyTorch greedy, trained-drafter kinds included."""
+
+import pytest
+import torch
+from tiny_models import eagle_package, heads_package
+
+from warpdecode.decoding.generate import build_method, generate
+from warpdecode.export.package import InferencePackage, export_package
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Write a Python function that returns the squares of the even numbers in a list.",
+    "Summarize in one sentence: The city council met on Tuesday to discuss the new bicycle lanes. Residents "
+    "said the lanes make the streets safer, while shop owners worried that they remove parking spaces.",
+]
+NEW_TOKENS = 40
+LOGIT_TOLERANCE = 1e-3
+"""Largest |ORT - PyTorch| logit allowed (logits are O(10); measured ~5e-5)."""
+
+
+@pytest.fixture(scope="module")
+def package(smollm2, tmp_path_factory):
+    drafters = tmp_path_factory.mktemp("drafters")
+    paths = [eagle_package(smollm2.model, drafters / "eagle", std=0.02),
+             heads_package(smollm2.model, drafters / "hydra", "hydra", std=0.02)]
+    out = export_package(smollm2.model, smollm2.tokenizer, tmp_path_factory.mktemp("pkg") / "smollm2",
+                         source="smollm2-135m-instruct", drafters=paths)
+    return InferencePackage.load(out)
+
+
+@pytest.fixture(scope="module")
+def onnxruntime_backbone(package):
+    return package.backbone("onnxruntime")
+
+
+def test_package_identity_and_torch_rebuild(package, smollm2):
+    assert package.fingerprint == smollm2.model.fingerprint()
+    assert package.backbone("torch").fingerprint() == smollm2.model.fingerprint()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_logits_within_tolerance(onnxruntime_backbone, smollm2, prompt):
+    ids = torch.tensor([smollm2.tokenizer.encode(prompt)])
+    with torch.inference_mode():
+        ours = onnxruntime_backbone(ids).logits
+        ref = smollm2.model(ids).logits
+    assert ours.shape == ref.shape
+    assert (ours - ref).abs().max().item() <= LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("method", ["none", "prompt_lookup", "token_recycling", "int4_self", "eagle", "hydra"])
+def test_greedy_identity_on_onnxruntime(onnxruntime_backbone, package, smollm2, method):
+    options = package.drafter_options().get(method, {})
+    for prompt in PROMPTS:
+        reference = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
+        out = generate(onnxruntime_backbone, package.tokenizer(), prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
+                       method=build_method(method, options=options))
+        assert out.token_ids == reference.token_ids
