@@ -8,8 +8,10 @@
 6. train Medusa heads for the default model briefly (the fastest learned drafter to train: the
    target answers 96 GSM8K/stdlib prompts, then one pass over them; the full recipe is
    configs/drafters/medusa.yaml),
-7. benchmark the decoding methods side by side (`warpdecode bench`) on a few Spec-Bench prompts,
-   the freshly trained drafter included.
+7. export the default model and that drafter as an inference package (`warpdecode export`: ONNX
+   step graph, tokenizer, drafter, manifest with hashes),
+8. benchmark the decoding methods side by side (`warpdecode bench`) on a few Spec-Bench prompts,
+   the freshly trained drafter included, on PyTorch and on ONNX Runtime from the package.
 """
 
 from __future__ import annotations
@@ -123,17 +125,31 @@ def step_train_drafter(out_dir: Path, prompts: int) -> dict[str, float]:
             "seconds": time.perf_counter() - start}
 
 
-BENCH_METHODS = "none,prompt_lookup,token_recycling,fused,int4_self,draft_model:layers=10"
+BENCH_METHODS = "none,prompt_lookup,token_recycling,fused,int4_self"
 BENCH_CATEGORIES = "summarization,rag,translation,coding"
 
 
-def step_bench(out_dir: Path, max_new_tokens: int, drafter: Path) -> str:
-    banner(f"7. decoding methods side by side: {BENCH_CATEGORIES} (1 Spec-Bench prompt each)")
+def step_export(out: Path, drafter: Path) -> float:
+    banner("7. export the default model and its Medusa heads as an inference package")
+    from warpdecode.export.package import export_package
+
+    model, tokenizer = load_pretrained(resolve(DEFAULT_MODEL))
+    start = time.perf_counter()
+    export_package(model, tokenizer, out, source=DEFAULT_MODEL, drafters=[drafter])
+    seconds = time.perf_counter() - start
+    print(f"wrote {out} in {seconds:.0f} s (try: warpdecode generate --package {out} --backend onnxruntime "
+          f"--method medusa --prompt 'Explain RoPE')")
+    return seconds
+
+
+def step_bench(out_dir: Path, max_new_tokens: int, package: Path) -> str:
+    banner(f"8. decoding methods side by side on PyTorch and ONNX Runtime: {BENCH_CATEGORIES} (1 Spec-Bench prompt each)")
     from warpdecode.bench.harness import BenchConfig, run_bench
     from warpdecode.bench.report import write
 
-    config = BenchConfig(prompts="spec_bench", categories=BENCH_CATEGORIES, limit=1, max_new_tokens=max_new_tokens)
-    result = run_bench(config, methods=f"{BENCH_METHODS},medusa:path={drafter}")
+    config = BenchConfig(package=str(package), backends="torch,onnxruntime", prompts="spec_bench",
+                         categories=BENCH_CATEGORIES, limit=1, max_new_tokens=max_new_tokens)
+    result = run_bench(config, methods=f"{BENCH_METHODS},medusa")
     write(result, out_dir)
     table = result.table()
     print(table)
@@ -156,7 +172,8 @@ def main() -> None:
     metrics = step_train(args.out, args.train_steps)
     step_generate_tiny(args.out / "model")
     drafter = step_train_drafter(args.out / "drafter-run", args.drafter_prompts)
-    bench_table = step_bench(args.out / "bench", args.max_new_tokens, args.out / "drafter-run" / "drafter")
+    export_seconds = step_export(args.out / "package", args.out / "drafter-run" / "drafter")
+    bench_table = step_bench(args.out / "bench", args.max_new_tokens, args.out / "package")
 
     banner("summary")
     mean_tps = sum(a["tokens_per_second"] for a in answers) / len(answers)
@@ -169,6 +186,7 @@ def main() -> None:
     print(f"trained model      {args.out / 'model'} (try: warpdecode generate --model {args.out / 'model'} --prompt 'import ')")
     print(f"medusa heads       simulated τ {drafter['tau_chain']:.2f} (chain), {drafter['tau_tree']:.2f} (16-node tree) "
           f"after {drafter['seconds']:.0f} s of data + training → {args.out / 'drafter-run' / 'drafter'}")
+    print(f"inference package  {args.out / 'package'} (ONNX, exported in {export_seconds:.0f} s)")
     print(f"total              {time.perf_counter() - start:.0f} s")
     print("\ndecoding methods (speedup over plain greedy in the same run):")
     print(bench_table.split("\n\n")[0])

@@ -14,7 +14,7 @@ from warpdecode.models.cache import KVCache
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-TOL = dict(atol=1e-4, rtol=1e-4)
+TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
 @pytest.fixture(scope="module")

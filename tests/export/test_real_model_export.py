@@ -12,8 +12,8 @@ pytestmark = pytest.mark.slow
 
 PROMPTS = [
     "Write a Python function that returns the squares of the even numbers in a list.",
-    "Summarize in one sentence: The city council met on Tuesday to discuss the new bicycle lanes. Residents "
-    "said the lanes make the streets safer, while shop owners worried that they remove parking spaces.",
+    ("Summarize in one sentence: The city council met on Tuesday to discuss the new bicycle lanes. Residents "
+     "said the lanes make the streets safer, while shop owners worried that they remove parking spaces."),
 ]
 NEW_TOKENS = 40
 LOGIT_TOLERANCE = 1e-3

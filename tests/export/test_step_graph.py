@@ -10,8 +10,9 @@ from warpdecode.models.cache import KVCache
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-GPT2_LIKE = dict(vocab_size=50, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=64, norm="layernorm",
-                 mlp="gelu_tanh", position="learned", qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=False)
+GPT2_LIKE = {"vocab_size": 50, "n_layer": 2, "n_head": 2, "d_model": 16, "d_ff": 32, "max_seq_len": 64, "norm": "layernorm",
+             "mlp": "gelu_tanh", "position": "learned", "qkv_bias": True, "out_bias": True, "mlp_bias": True,
+             "tie_embeddings": False}
 
 
 def step_inputs(cache: KVCache, tokens, tree_mask, T):

@@ -2,10 +2,10 @@
 
 import torch
 
+from warpdecode.decoding.tree_shapes import chain
 from warpdecode.metrics.drafting import (
     DraftRanks,
     accepted_depths,
-    chain,
     label_ranks,
     simulated_tau,
     tree_from_ranks,

@@ -9,8 +9,8 @@ temperature 0 every row's tokens are compared with it.
 from __future__ import annotations
 
 import statistics
-import time
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal

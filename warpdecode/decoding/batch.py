@@ -24,8 +24,8 @@ import torch
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.sampler import Sampler
-from warpdecode.models.cache import KVCache
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.cache import KVCache
 
 
 @dataclass

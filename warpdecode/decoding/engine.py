@@ -19,8 +19,8 @@ from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
-from warpdecode.models.cache import KVCache
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.cache import KVCache
 
 
 @dataclass

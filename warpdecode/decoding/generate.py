@@ -12,8 +12,8 @@ from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import CapabilityError, ConfigError
-from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
 
 __all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
 

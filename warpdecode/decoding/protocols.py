@@ -15,8 +15,8 @@ from torch import Tensor
 
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.models.cache import KVCache
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.cache import KVCache
 
 
 @dataclass

@@ -17,6 +17,13 @@ import heapq
 
 RankPath = tuple[int, ...]
 
+
+
+def chain(depth: int) -> list[RankPath]:
+    """The rank paths of a chain of `depth` top-1 tokens: (0,), (0, 0), ..."""
+    return [(0,) * d for d in range(1, depth + 1)]
+
+
 DEFAULT_RANK_ACCEPT = (0.45, 0.15, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
 """Per-rank acceptance estimates used when nothing has been measured (decreasing with rank)."""
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from warpdecode.decoding.tree_shapes import RankPath
+from warpdecode.decoding.tree_shapes import RankPath, chain
 
 
 def label_ranks(logits: Tensor, labels: Tensor, max_rank: int) -> Tensor:
@@ -67,11 +67,6 @@ def simulated_tau(ranks: Tensor, rank_paths: list[RankPath]) -> float:
     if ranks.shape[0] == 0:
         return float("nan")
     return 1.0 + accepted_depths(ranks, rank_paths).double().mean().item()
-
-
-def chain(depth: int) -> list[RankPath]:
-    """The rank paths of a chain of `depth` top-1 tokens: (0,), (0, 0), ..."""
-    return [(0,) * d for d in range(1, depth + 1)]
 
 
 def tree_from_ranks(ranks: Tensor, num_nodes: int, max_rank: int) -> list[RankPath]:

@@ -13,8 +13,8 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from warpdecode.models.packed_linear import Linear
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.packed_linear import Linear
 
 
 class DraftVocabNet(nn.Module):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-
 from typing import TYPE_CHECKING
 
 import torch

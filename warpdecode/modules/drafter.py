@@ -23,8 +23,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor
 
+from warpdecode.decoding.tree_shapes import chain
 from warpdecode.errors import ConfigError
-from warpdecode.metrics.drafting import DraftRanks, chain, label_ranks, simulated_tau, tree_from_ranks
+from warpdecode.metrics.drafting import DraftRanks, label_ranks, simulated_tau, tree_from_ranks
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage

@@ -25,7 +25,7 @@ from torch import Tensor
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import RankPath
 from warpdecode.errors import ConfigError
-from warpdecode.metrics.drafting import chain
+from warpdecode.decoding.tree_shapes import chain
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.backbone import Backbone
