@@ -63,7 +63,8 @@ def generate(
         model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run with --method NAME and no path.
-        backend: torch, or onnxruntime (needs --package).
+        backend: torch, onnxruntime, or onnxruntime-int8 / -int4 (lossy; exported with --quantize); all
+            but torch need --package.
         device: cpu; with onnxruntime also cuda or tensorrt where ONNX Runtime has those providers.
         prompt: the prompt text.
         max_new_tokens: largest number of tokens to generate.
@@ -163,6 +164,7 @@ def export(
     drafters: str | None = None,
     hidden_layers: str | None = None,
     method: str | None = None,
+    quantize: str | None = None,
 ) -> None:
     """Export a model and its trained drafters as an inference package (ONNX graph, manifest, hashes).
 
@@ -179,6 +181,10 @@ def export(
         hidden_layers: comma-separated hidden states (0..L) the graph returns besides the logits
             (default: L, the final one, which every learned drafter reads).
         method: default decoding method of `generate --package` (e.g. the kind of an included drafter).
+        quantize: comma-separated quantised graphs to add: int8 (dynamic: fastest, but a verify
+            forward is not batch-invariant) and/or int4 (weight-only); run with --backend
+            onnxruntime-int8 / onnxruntime-int4. Lossy: each one's top-1 agreement with the full graph
+            is measured and recorded in the manifest.
     """
     import time
 
@@ -196,11 +202,14 @@ def export(
     except ValueError as e:
         raise ConfigError(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from e
     path = export_package(target, tokenizer, out, source=model, hidden_layers=layers, generation=generation,
-                          drafters=[Path(d.strip()) for d in (drafters or "").split(",") if d.strip()])
+                          drafters=[Path(d.strip()) for d in (drafters or "").split(",") if d.strip()],
+                          quantize=[q.strip() for q in (quantize or "").split(",") if q.strip()])
     manifest = InferencePackage.load(path).manifest
     size = sum(f["bytes"] for f in manifest["files"].values())
     print(f"wrote {path} ({size / 2**20:.0f} MiB, {len(manifest['files'])} files, opset {manifest['backbone']['opset']}, "
           f"drafters: {', '.join(manifest['drafters']) or 'none'}) in {time.perf_counter() - start:.0f} s")
+    for name, variant in manifest["backbone"]["variants"].items():
+        print(f"{name} graph ({variant['backend']}): {json.dumps(variant['accuracy'])}")
 
 
 def regress(
@@ -327,7 +336,8 @@ def bench(
         model: model directory, .gguf file, or model name.
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run as NAME without path=.
-        backends: comma-separated backends every method runs on: torch, onnxruntime (needs --package).
+        backends: comma-separated backends every method runs on: torch, onnxruntime, onnxruntime-int8,
+            onnxruntime-int4 (lossy; exported with --quantize); all but torch need --package.
             Rows on another backend are labelled METHOD@BACKEND; plain greedy on torch is the baseline.
         methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
             options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10. Values are int, float,

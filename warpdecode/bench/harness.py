@@ -25,7 +25,7 @@ from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.errors import CapabilityError, ConfigError
-from warpdecode.export.package import BACKENDS, InferencePackage
+from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
 from warpdecode.models.named import DEFAULT_MODEL
@@ -74,7 +74,8 @@ class RowInfo:
     label: str
     kind: Literal["warpdecode", "transformers"]
     lossless: bool
-    """Output must equal plain greedy at temperature 0 (every drafter with its default verifier)."""
+    """Output must equal plain greedy at temperature 0 (every drafter with its default verifier, on
+    a full-precision backend)."""
     settings: dict[str, Any]
     backend: str = TORCH
 
@@ -306,8 +307,8 @@ def run_bench(
             if config.peers != "none":
                 save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
             peer_models, skipped_rows = _peer_rows(config, specs, Path(tmp))
-    rows = [RowInfo(row_label(s, b), "warpdecode", built_methods[row_label(s, b)].verifier.lossless, s.options, b)
-            for s, b in runs]
+    rows = [RowInfo(row_label(s, b), "warpdecode", built_methods[row_label(s, b)].verifier.lossless
+                    and b not in LOSSY_BACKENDS, s.options, b) for s, b in runs]
     rows += [RowInfo(label, "transformers", True, peer_lib.describe(p.generate_kwargs)) for label, p in peer_models.items()]
     temperature = config.temperature if sampling else 1.0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from warpdecode.errors import PackageIntegrityError
+from warpdecode.errors import ConfigError, PackageIntegrityError
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.transformer import Transformer
 
@@ -100,7 +100,8 @@ def _weight_aliases(model: Transformer, kept: set[str]) -> dict[str, str]:
 @contextlib.contextmanager
 def _quiet_loggers() -> Iterator[None]:
     """The exporter logs a line per skipped torchvision op and per export stage at WARNING/INFO."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript",
+                                                     "onnxruntime.quantization.matmul_nbits_quantizer")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
@@ -145,3 +146,42 @@ def _read_initializers(path: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
     if wanted - out.keys():
         raise PackageIntegrityError(f"{path} lacks the weights {sorted(wanted - out.keys())[:4]}")
     return out
+
+
+QUANTIZATIONS = ("int8", "int4")
+"""int8: dynamic quantisation (int8 weights per output channel, activations quantised per tensor on
+the fly: the fastest, but a row's logits depend on the other rows of its forward, so a verify
+forward is not exactly the one-token step). int4: weight-only (`MatMulNBits`, blocks of 32,
+activations stay fp32: a row's logits do not depend on the others)."""
+
+
+def quantize(graph: Path, out: Path, kind: str) -> None:
+    """Write `out`: `graph` with every MatMul weight quantised (`QUANTIZATIONS`). Lossy:
+    `export.accuracy` measures what it costs. The weights' transposes are folded first (ONNX
+    Runtime's basic optimisation): only MatMuls that read an initializer directly are quantised."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if kind not in QUANTIZATIONS:
+        raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {kind!r}")
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp, warnings.catch_warnings(), _quiet_loggers():
+        warnings.simplefilter("ignore")
+        folded = Path(tmp) / "folded.onnx"
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(folded)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "folded.onnx.data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        if kind == "int8":
+            quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
+                             weight_type=QuantType.QInt8, use_external_data_format=True)
+            return
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(folded)), bits=4, block_size=32, is_symmetric=True)
+        quantizer.process()
+        onnx.save_model(quantizer.model.model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=out.name + ".data")

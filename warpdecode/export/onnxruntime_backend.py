@@ -127,7 +127,9 @@ class OnnxRuntimeBackbone:
             positions = plan.start[:, None] + torch.arange(T)
         elif positions.shape != tokens.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
-        S = cache.max_len
+        # An empty cache (a prefill) binds no cache slots at all: attention over S unused slots would
+        # double a long prompt's attention work for nothing.
+        S = cache.max_len if plan.used > T else 0
         past = torch.arange(S)[None, None, :] < plan.start[:, None, None]  # (B, 1, S): committed slots
         if new_mask is None:
             new_mask = default_new_mask(T, self.config.causal)
@@ -137,14 +139,17 @@ class OnnxRuntimeBackbone:
         L, Hkv, D = self.config.n_layer, self.config.kv_head_count, self.config.head_width
         dtype = cache.k.dtype
         inputs = [tokens.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(), mask, index.contiguous()]
-        inputs += [buffer[i] for i in range(L) for buffer in (cache.k, cache.v)]
+        inputs += [buffer[i, :, :, :S] for i in range(L) for buffer in (cache.k, cache.v)]
         logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
         new_k, new_v = torch.empty(L, B, Hkv, T, D, dtype=dtype), torch.empty(L, B, Hkv, T, D, dtype=dtype)
         hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
         outputs = {"logits": logits, "new_keys": new_k, "new_values": new_v} | {f"hidden_{j}": h for j, h in hidden.items()}
         binding = self.session.io_binding()
         for name, tensor in zip(self.names, inputs, strict=True):
-            _bind(binding, "bind_input", name, tensor)
+            if tensor.numel():
+                _bind(binding, "bind_input", name, tensor)
+            else:
+                binding.bind_cpu_input(name, np.empty(tuple(tensor.shape), NUMPY_DTYPES[tensor.dtype]))
         for name, tensor in outputs.items():
             if tensor.numel():
                 _bind(binding, "bind_output", name, tensor)

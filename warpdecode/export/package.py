@@ -29,7 +29,10 @@ import torch
 
 import warpdecode
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
-from warpdecode.export.onnx_graph import OPSET, WEIGHT_PREFIX, export_step_graph, read_weights
+from warpdecode.export.accuracy import compare_models
+from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
+from warpdecode.export.onnx_graph import quantize as quantize_graph
+from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.drafter_package import META_FILE, DrafterPackage
@@ -40,7 +43,10 @@ FORMAT = "warpdecode-package"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPH = "backbone.onnx"
-BACKENDS = ("torch", "onnxruntime")
+LOSSY_BACKENDS = tuple(f"onnxruntime-{kind}" for kind in QUANTIZATIONS)
+"""Backends that run a quantised copy (`onnx_graph.QUANTIZATIONS`): their greedy output may differ
+from the exported model's."""
+BACKENDS = ("torch", "onnxruntime", *LOSSY_BACKENDS)
 HASH_CHUNK = 1 << 22
 
 
@@ -66,6 +72,7 @@ def export_package(
     hidden_layers: tuple[int, ...] | None = None,
     drafters: Sequence[str | Path] = (),
     generation: dict[str, Any] | None = None,
+    quantize: Sequence[str] = (),
 ) -> Path:
     """Write an inference package for `model` to `out` (atomically: a half-written package never appears).
 
@@ -75,6 +82,9 @@ def export_package(
             drafter reads).
         drafters: trained drafter package directories to include; each must have been trained for `model`.
         generation: generation defaults recorded for `generate --package` (e.g. max_new_tokens, method).
+        quantize: also write quantised graphs (`onnx_graph.QUANTIZATIONS`: int8, int4; backends
+            `onnxruntime-int8` / `-int4`, lossy) and record each one's accuracy against the
+            full-precision graph (`export.accuracy`).
     """
     from warpdecode.models.checkpoint import atomic_directory
 
@@ -92,6 +102,9 @@ def export_package(
         if kind in included:
             raise ConfigError(f"two {kind} drafters given; a package holds one drafter of each kind")
         included[kind] = package
+    unknown = set(quantize) - set(QUANTIZATIONS)
+    if unknown:
+        raise ConfigError(f"quantization must be among {', '.join(QUANTIZATIONS)}, got {sorted(unknown)}")
     if included and model.config.n_layer not in layers:
         raise ConfigError(f"the drafters read hidden state {model.config.n_layer} (the final one); "
                           f"export it (hidden layers {list(layers)} were asked for)")
@@ -102,6 +115,15 @@ def export_package(
             tokenizer.save(tmp)
         for kind, package in included.items():
             package.save(tmp / "drafters" / kind)
+        variants = {}
+        for kind in dict.fromkeys(quantize):
+            name = f"backbone.{kind}.onnx"
+            quantize_graph(tmp / GRAPH, tmp / name, kind)
+            head = None if model.lm_head is None else model.lm_head.weight.detach()
+            full, quantized = (OnnxRuntimeBackbone(tmp / graph_file, model.config, fingerprint, graph.hidden_layers,
+                                                   model.embed.weight.detach(), head) for graph_file in (GRAPH, name))
+            variants[kind] = {"graph": name, "backend": f"onnxruntime-{kind}",
+                              "accuracy": compare_models(full, quantized, tokenizer)}
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -111,7 +133,7 @@ def export_package(
             "target": {"source": source, "fingerprint": fingerprint, "config": model.config.to_dict()},
             "backbone": {"graph": GRAPH, "opset": OPSET, "dtype": str(model.embed.weight.dtype).removeprefix("torch."),
                          "hidden_layers": list(graph.hidden_layers), "inputs": graph.input_names(),
-                         "outputs": graph.output_names(), "weight_aliases": aliases},
+                         "outputs": graph.output_names(), "weight_aliases": aliases, "variants": variants},
             "drafters": {kind: f"drafters/{kind}" for kind in included},
             "generation": generation or {},
             "export_seconds": round(time.perf_counter() - start, 1),
@@ -188,32 +210,36 @@ class InferencePackage:
         return {kind: {"path": str(self.directory / relative)} for kind, relative in self.manifest.get("drafters", {}).items()}
 
     def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
-        """The exported model on `backend`: onnxruntime runs the graph; torch rebuilds the
-        `Transformer` from the graph's weights (the reference the graph is checked against)."""
-        graph = self.directory / GRAPH
-        config = self.config
+        """The exported model on `backend`: onnxruntime runs the graph (onnxruntime-int8 / -int4 a
+        quantised copy, lossy); torch rebuilds the `Transformer` from the graph's weights (the reference)."""
         if backend == "torch":
             if device != "cpu":
                 raise CapabilityError("the torch backend of a package runs on the CPU here; move the model yourself for GPUs")
-            return self._torch_model(graph, config)
-        if backend == "onnxruntime":
-            from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
+            return self._torch_model()
+        if backend not in BACKENDS:
+            raise CapabilityError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+                                  + (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime "
+                                     "has its TensorRT provider)" if backend == "tensorrt" else ""))
+        graph = self.directory / GRAPH
+        if backend in LOSSY_BACKENDS:
+            kind = backend.removeprefix("onnxruntime-")
+            variant = self.manifest["backbone"].get("variants", {}).get(kind)
+            if variant is None:
+                raise CapabilityError(f"{self.directory} has no {kind} graph; export it with --quantize {kind}")
+            graph = self.directory / variant["graph"]
+        config = self.config
+        names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
+        weights = read_weights(self.directory / GRAPH, names, self.weight_aliases)
+        return OnnxRuntimeBackbone(graph, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
+                                   weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
+                                   torch_loader=self._torch_model, device=device, threads=threads)
 
-            names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
-            weights = read_weights(graph, names, self.weight_aliases)
-            return OnnxRuntimeBackbone(graph, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
-                                       weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
-                                       torch_loader=lambda: self._torch_model(graph, config), device=device,
-                                       threads=threads)
-        raise CapabilityError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-                              + (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime "
-                                 "has its TensorRT provider)" if backend == "tensorrt" else ""))
-
-    def _torch_model(self, graph: Path, config: ModelConfig) -> Transformer:
+    def _torch_model(self) -> Transformer:
+        config = self.config
         with torch.device("meta"):
             model = Transformer(config)
         keys = [k for k in model.state_dict()]
-        weights = read_weights(graph, [WEIGHT_PREFIX + k for k in keys], self.weight_aliases)
+        weights = read_weights(self.directory / GRAPH, [WEIGHT_PREFIX + k for k in keys], self.weight_aliases)
         model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
         if config.position == "rope":
             model.inv_freq = rope_inv_freq(config)
