@@ -17,8 +17,8 @@ from warpdecode.models.tokenizer import Tokenizer
 ACCURACY_PROMPTS = [
     "Explain in two sentences why the sky is blue.",
     "Write a Python function that checks whether a string is a palindrome.",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether?",
+    ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether?"),
     "Summarize: The library will close early on Friday for maintenance and reopen on Monday morning.",
 ]
 TOKEN_PROMPTS = [[1, 2, 3, 4], [7, 7, 8, 9, 10], [3, 1, 4, 1, 5, 9, 2, 6]]

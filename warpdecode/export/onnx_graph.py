@@ -15,6 +15,7 @@ import logging
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,8 +152,8 @@ def _read_initializers(path: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
 QUANTIZATIONS = ("int8", "int4")
 """int8: dynamic quantisation (int8 weights per output channel, activations quantised per tensor on
 the fly: the fastest, but a row's logits depend on the other rows of its forward, so a verify
-forward is not exactly the one-token step). int4: weight-only (`MatMulNBits`, blocks of 32,
-activations stay fp32: a row's logits do not depend on the others)."""
+forward is not exactly the one-token step). int4: weight-only (`MatMulNBits`, asymmetric, blocks of
+32; activations stay fp32, so a row's logits do not depend on the others; the LM head stays fp32)."""
 
 
 def quantize(graph: Path, out: Path, kind: str) -> None:
@@ -161,15 +162,14 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
     Runtime's basic optimisation): only MatMuls that read an initializer directly are quantised."""
     import tempfile
 
-    import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     if kind not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {kind!r}")
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp, warnings.catch_warnings(), _quiet_loggers():
         warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)  # the quantisers log a line per node to the root logger
         folded = Path(tmp) / "folded.onnx"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -177,11 +177,30 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "folded.onnx.data")
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-        if kind == "int8":
-            quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
-                             weight_type=QuantType.QInt8, use_external_data_format=True)
-            return
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(folded)), bits=4, block_size=32, is_symmetric=True)
-        quantizer.process()
-        onnx.save_model(quantizer.model.model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=out.name + ".data")
+        try:
+            if kind == "int8":
+                quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
+                                 weight_type=QuantType.QInt8, use_external_data_format=True)
+            else:
+                _quantize_int4(folded, out)
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+def _quantize_int4(folded: Path, out: Path) -> None:
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(folded))
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False,
+                                     nodes_to_exclude=_lm_head_nodes(model))
+    quantizer.process()
+    onnx.save_model(quantizer.model.model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=out.name + ".data")
+
+
+def _lm_head_nodes(model: Any) -> list[str]:
+    """The LM head's MatMul (the one that writes the `logits` output): kept in fp32 by int4, where
+    4 bits over 49k output rows cost the most top-1 agreement (measured on the default model: 0.76
+    with the head in int4, 0.82 without)."""
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and "logits" in n.output]
