@@ -110,3 +110,28 @@ def test_unavailable_execution_provider_is_refused(tiny_package):
         package.backbone("onnxruntime", device="tpu")
     with pytest.raises(CapabilityError, match="TensorRT"):
         package.backbone("tensorrt")
+
+
+def test_chunked_prefill_matches_one_forward(backbones, monkeypatch):
+    """Long causal forwards run in chunks (and from COPY_PREFIX_ROWS rows attend to a copied prefix):
+    same logits, hidden states and cache as the PyTorch forward."""
+    from warpdecode.export import onnxruntime_backend
+
+    monkeypatch.setattr(onnxruntime_backend, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(onnxruntime_backend, "COPY_PREFIX_ROWS", 3)
+    ort, reference = backbones
+    caches = [KVCache.for_model(reference.config, 2, 40) for _ in range(2)]
+    prompt, more = torch.randint(0, 64, (2, 11)), torch.randint(0, 64, (2, 9))
+    outs = []
+    with torch.inference_mode():
+        for model, cache in zip((ort, reference), caches, strict=True):
+            first = model(prompt, cache=cache, hidden_layers=(1, 3), logits_slice=slice(-3, None))
+            cache.truncate([11, 7])
+            second = model(more, cache=cache, hidden_layers=(3,))
+            outs.append((first, second))
+    for ours, theirs in zip(*outs, strict=True):
+        torch.testing.assert_close(ours.logits, theirs.logits, **TOL)
+        for layer, states in theirs.hidden_states.items():
+            torch.testing.assert_close(ours.hidden_states[layer], states, **TOL)
+    assert outs[0][0].logits.shape == (2, 3, 64)
+    torch.testing.assert_close(caches[0].k[:, :, :, :20], caches[1].k[:, :, :, :20], **TOL)

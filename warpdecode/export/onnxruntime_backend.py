@@ -27,6 +27,12 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
              "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
 """Execution providers per device; the first one must load, or the session is refused."""
+PREFILL_CHUNK = 256
+"""Causal forwards longer than this run chunk by chunk: the graph's attention materialises the
+(T, S + T) scores, which for long prompts costs more than the chunks' extra calls."""
+COPY_PREFIX_ROWS = 64
+"""From this many new tokens a forward is compute-bound: it attends to a copy of the committed
+cache prefix instead of the whole buffer (copying is cheap beside the work, masked slots are not)."""
 
 
 def _bind(binding: object, bind: str, name: str, tensor: Tensor) -> None:
@@ -122,24 +128,45 @@ class OnnxRuntimeBackbone:
             cache = KVCache.for_model(self.config, B, T, dtype=self.embed.weight.dtype)
         elif cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but tokens have batch {B}")
-        plan = cache.plan_write(T)
         if positions is None:
-            positions = plan.start[:, None] + torch.arange(T)
+            positions = cache.lengths[:, None] + torch.arange(T)
         elif positions.shape != tokens.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
-        # An empty cache (a prefill) binds no cache slots at all: attention over S unused slots would
-        # double a long prompt's attention work for nothing.
-        S = cache.max_len if plan.used > T else 0
+        index = torch.arange(T)[logits_slice] if logits_slice is not None else torch.arange(T)
+        if new_mask is not None or not self.config.causal or T <= PREFILL_CHUNK:
+            logits, hidden = self._step(tokens, positions, cache, new_mask, index)
+        else:  # a long causal prompt: chunk by chunk, each attending to the cache and itself
+            parts = []
+            for begin in range(0, T, PREFILL_CHUNK):
+                chunk = slice(begin, min(T, begin + PREFILL_CHUNK))
+                wanted = index[(index >= chunk.start) & (index < chunk.stop)] - begin
+                parts.append(self._step(tokens[:, chunk], positions[:, chunk], cache, None, wanted))
+            logits = torch.cat([p[0] for p in parts], dim=1)
+            hidden = {j: torch.cat([p[1][j] for p in parts], dim=1) for j in self.hidden_layers}
+        return BackboneOutput(logits=logits, hidden_states={j: hidden[j] for j in hidden_layers})
+
+    def _step(self, tokens: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
+              index: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """One graph run over T new tokens (B, T); logits (B, K, V) at `index` (K,), every exported
+        hidden state (B, T, C). Writes the new keys and values into `cache` and advances it."""
+        B, T = tokens.shape
+        plan = cache.plan_write(T)
+        if plan.used == T:  # empty cache (a prefill): no cache slots to attend to
+            S, past_k, past_v = 0, cache.k[:, :, :, :0], cache.v[:, :, :, :0]
+        elif T >= COPY_PREFIX_ROWS:  # compute-bound: copy the committed prefix, attend to it alone
+            S = int(plan.start.max())
+            past_k, past_v = cache.k[:, :, :, :S].contiguous(), cache.v[:, :, :, :S].contiguous()
+        else:  # a decode or verify step: every layer's whole buffer, bound in place, unused slots masked
+            S, past_k, past_v = cache.max_len, cache.k, cache.v
         past = torch.arange(S)[None, None, :] < plan.start[:, None, None]  # (B, 1, S): committed slots
         if new_mask is None:
             new_mask = default_new_mask(T, self.config.causal)
         mask = torch.cat((past.expand(B, T, S), new_mask.expand(B, T, T)), dim=-1)[:, None].contiguous()
-        index = torch.arange(T)[logits_slice] if logits_slice is not None else torch.arange(T)
 
         L, Hkv, D = self.config.n_layer, self.config.kv_head_count, self.config.head_width
         dtype = cache.k.dtype
         inputs = [tokens.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(), mask, index.contiguous()]
-        inputs += [buffer[i, :, :, :S] for i in range(L) for buffer in (cache.k, cache.v)]
+        inputs += [buffer[i] for i in range(L) for buffer in (past_k, past_v)]
         logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
         new_k, new_v = torch.empty(L, B, Hkv, T, D, dtype=dtype), torch.empty(L, B, Hkv, T, D, dtype=dtype)
         hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
@@ -158,4 +185,4 @@ class OnnxRuntimeBackbone:
         self.session.run_with_iobinding(binding)
         cache.write_all(new_k, new_v, plan)
         cache.advance(plan)
-        return BackboneOutput(logits=logits, hidden_states={j: hidden[j] for j in hidden_layers})
+        return logits, hidden
