@@ -81,10 +81,6 @@ class OnnxRuntimeBackbone:
         self._torch_loader = torch_loader
         self._torch_model: Transformer | None = None
 
-    @property
-    def providers(self) -> list[str]:
-        return list(self.session.get_providers())
-
     def fingerprint(self) -> str:
         return self._fingerprint
 

@@ -23,9 +23,8 @@ import torch
 from torch import Tensor
 
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.decoding.tree_shapes import RankPath
+from warpdecode.decoding.tree_shapes import RankPath, chain
 from warpdecode.errors import ConfigError
-from warpdecode.decoding.tree_shapes import chain
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.backbone import Backbone
