@@ -7,7 +7,8 @@
       backbone.onnx.data       its weights (read by ONNX Runtime, and by name by the torch backend)
       tokenizer.json, tokenizer_config.json
       drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
-                               their data-built draft tree), checked against the target at export
+                               their data-built draft tree), checked against the target at export;
+                               Medusa and Hydra heads also as ONNX graphs (`export.drafter_graphs`)
 
 `InferencePackage.load` checks the format version, then every listed file's size and sha256, before
 anything is parsed: a tampered, truncated or incomplete package is refused with a
@@ -29,7 +30,9 @@ import torch
 
 import warpdecode
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
+from warpdecode.decoding import registry
 from warpdecode.export.accuracy import compare_models
+from warpdecode.export.drafter_graphs import export_heads_graphs
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
@@ -43,6 +46,8 @@ FORMAT = "warpdecode-package"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPH = "backbone.onnx"
+HEADS_KINDS = ("medusa", "hydra")
+"""Drafters whose networks are exported as ONNX graphs too (`export.drafter_graphs`)."""
 LOSSY_BACKENDS = tuple(f"onnxruntime-{kind}" for kind in QUANTIZATIONS)
 """Backends that run a quantised copy (`onnx_graph.QUANTIZATIONS`): their greedy output may differ
 from the exported model's."""
@@ -92,6 +97,7 @@ def export_package(
     layers = hidden_layers if hidden_layers is not None else (model.config.n_layer,)
     fingerprint = model.fingerprint()
     included: dict[str, DrafterPackage] = {}
+    sources: dict[str, Path] = {}
     for path in drafters:
         meta = Path(path) / META_FILE
         if not meta.is_file():
@@ -101,7 +107,7 @@ def export_package(
         package.check_target(model)
         if kind in included:
             raise ConfigError(f"two {kind} drafters given; a package holds one drafter of each kind")
-        included[kind] = package
+        included[kind], sources[kind] = package, Path(path)
     unknown = set(quantize) - set(QUANTIZATIONS)
     if unknown:
         raise ConfigError(f"quantization must be among {', '.join(QUANTIZATIONS)}, got {sorted(unknown)}")
@@ -115,6 +121,9 @@ def export_package(
             tokenizer.save(tmp)
         for kind, package in included.items():
             package.save(tmp / "drafters" / kind)
+            if kind in HEADS_KINDS:
+                drafter = registry.build("drafter", kind, path=str(sources[kind]))
+                export_heads_graphs(drafter.load_net(model), tmp / "drafters" / kind)
         variants = {}
         for kind in dict.fromkeys(quantize):
             name = f"backbone.{kind}.onnx"

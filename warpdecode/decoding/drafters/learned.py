@@ -124,19 +124,25 @@ class PackagedDrafter(Generic[NetT]):
         """An untrained network of the package's `config` for `target`."""
         raise NotImplementedError
 
-    def prepare(self, target: Backbone) -> None:
+    def load_net(self, target: Backbone) -> NetT:
+        """The package's trained network for `target` (checked to be the target it was trained for),
+        its frozen head rebuilt from the target, on the target's device and dtype, in eval mode."""
         if self.package is None:
             self.package = DrafterPackage.load(self.path, self.kind)
+        self.package.check_target(target)
+        with torch.inference_mode(False):  # prepare may run under inference mode; packing needs normal tensors
+            net = self.build(target, self.package.config)
+            missing, unexpected = net.load_state_dict(self.package.weights, strict=False)
+            if unexpected or set(missing) != {net.head_key}:
+                raise ConfigError(f"{self.path}: drafter weights do not match its config "
+                                  f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+            net.tie_head(target)
+            return net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
+
+    def prepare(self, target: Backbone) -> None:
         if self.checked is not target:
-            self.package.check_target(target)
-            with torch.inference_mode(False):  # prepare may run under inference mode; packing needs normal tensors
-                net = self.build(target, self.package.config)
-                missing, unexpected = net.load_state_dict(self.package.weights, strict=False)
-                if unexpected or set(missing) != {net.head_key}:
-                    raise ConfigError(f"{self.path}: drafter weights do not match its config "
-                                      f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-                net.tie_head(target)
-                net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
+            net = self.load_net(target)
+            with torch.inference_mode(False):
                 net.pack()
             self.net, self.checked = net, target
             self.needs_hidden_states = (target.config.n_layer,)

@@ -16,6 +16,7 @@ verifier.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
 import torch
@@ -25,8 +26,10 @@ from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, f
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
+from warpdecode.export.drafter_graphs import OnnxHeads
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
+from warpdecode.models.transformer import Transformer
 
 HeadsT = TypeVar("HeadsT", bound=FutureHeads)
 
@@ -45,6 +48,15 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         num_tokens: chain length, at most the number of heads (default: all of them).
         """
         super().__init__(path, tree, num_nodes, num_tokens)
+        self.graphs: OnnxHeads | None = None
+        """The heads' ONNX graphs, used when the target is not a PyTorch model and they exist."""
+
+    def prepare(self, target: Backbone) -> None:
+        checked = self.checked
+        super().prepare(target)
+        if self.checked is not checked:
+            assert self.net is not None
+            self.graphs = None if isinstance(target, Transformer) else OnnxHeads.find(Path(self.path), self.net)
 
     def build(self, target: Backbone, config: dict[str, Any]) -> HeadsT:
         net = self.net_class(target.config.d_model, config["draft_vocab_size"], config["num_heads"],
@@ -80,7 +92,8 @@ class MedusaDraft(HeadsDraft[MedusaHeads]):
 
     def fill(self, layout: ShapeLayout, feature: Tensor, pending: int) -> DraftTree:
         assert self.net is not None, "prepare() must run first"
-        ranked = ranked_tokens(self.net(feature)[0], self.net.draft_vocab, layout.width)  # per head
+        logits = (self.graphs or self.net)(feature)[0]  # (K, N)
+        ranked = ranked_tokens(logits, self.net.draft_vocab, layout.width)  # per head
         return fill_shape(layout, ranked[0], lambda depth, grow, tokens: [ranked[depth]] * len(grow))
 
 
@@ -97,7 +110,7 @@ class HydraDraft(HeadsDraft[HydraHeads]):
         def run(depth: int, paths: list[list[int]]) -> list[list[int]]:
             """Head `depth` on one row per path (the tokens after the pending one, depth - 1 each)."""
             tokens = torch.tensor([[pending] + p for p in paths], device=feature.device)  # (M, depth)
-            logits = net.step(depth, feature.expand(len(paths), -1), target.embed(tokens))
+            logits = (self.graphs or net).step(depth, feature.expand(len(paths), -1), target.embed(tokens))
             return ranked_tokens(logits, net.draft_vocab, layout.width)
 
         def rank_children(depth: int, grow: list[int], tokens: list[int]) -> list[list[int]]:
