@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 import warpdecode
-from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
 from warpdecode.decoding import registry
+from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
 from warpdecode.export.accuracy import compare_models
 from warpdecode.export.drafter_graphs import export_heads_graphs
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
