@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from warpdecode.export.onnx_graph import OPSET
+from warpdecode.export.onnx_graph import OPSET, quiet_exporter
 from warpdecode.models.medusa import FutureHeads, HydraHeads
 
 MEDUSA_GRAPH = "heads.onnx"
@@ -46,7 +46,7 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path:
 
     rows = Dim("rows")
     shapes = {name: {0: rows} for name in names}
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
         warnings.simplefilter("ignore")
         torch.onnx.export(module.eval(), args, str(path), dynamo=True, dynamic_shapes=shapes, input_names=names,
                           output_names=["logits"], opset_version=OPSET, external_data=False, verbose=False)

@@ -67,7 +67,7 @@ def export_step_graph(model: Transformer, path: Path,
         "past": tuple({0: batch, 2: cache_len} for _ in range(2 * model.config.n_layer)),
     }
     quiet = io.StringIO()
-    with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), _quiet_loggers():
+    with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), quiet_exporter():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(graph, _example_inputs(model), None, dynamo=True, dynamic_shapes=shapes,
                                     input_names=graph.input_names(), output_names=graph.output_names(),
@@ -99,18 +99,14 @@ def _weight_aliases(model: Transformer, kept: set[str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _quiet_loggers() -> Iterator[None]:
-    """The exporter logs a line per skipped torchvision op and per export stage at WARNING/INFO."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript",
-                                                     "onnxruntime.quantization.matmul_nbits_quantizer")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
+def quiet_exporter() -> Iterator[None]:
+    """Silence the exporters and quantisers: they log a line per skipped torchvision op, per export
+    stage and per quantised node (some to the root logger). Warnings and below, for the block only."""
+    logging.disable(logging.WARNING)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+        logging.disable(logging.NOTSET)
 
 
 def read_weights(path: Path, names: Iterable[str], aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
@@ -167,9 +163,8 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
 
     if kind not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {kind!r}")
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp, warnings.catch_warnings(), _quiet_loggers():
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp, warnings.catch_warnings(), quiet_exporter():
         warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)  # the quantisers log a line per node to the root logger
         folded = Path(tmp) / "folded.onnx"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -177,14 +172,11 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "folded.onnx.data")
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-        try:
-            if kind == "int8":
-                quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
-                                 weight_type=QuantType.QInt8, use_external_data_format=True)
-            else:
-                _quantize_int4(folded, out)
-        finally:
-            logging.disable(logging.NOTSET)
+        if kind == "int8":
+            quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
+                             weight_type=QuantType.QInt8, use_external_data_format=True)
+        else:
+            _quantize_int4(folded, out)
 
 
 def _quantize_int4(folded: Path, out: Path) -> None:
