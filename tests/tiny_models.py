@@ -28,6 +28,15 @@ def tiny_vocab_target() -> Transformer:
     return random_model(seed=3, std=0.8, vocab_size=8, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=32)
 
 
+def naive_greedy(model, ids: list[int], n: int) -> list[int]:
+    """Recompute the whole sequence every step: the reference every cached or speculative loop must equal."""
+    seq = list(ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
 def tv(samples: list[int], probs: torch.Tensor) -> float:
     """Total variation distance between the empirical distribution of `samples` and `probs` (V,)."""
     freq = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double() / len(samples)

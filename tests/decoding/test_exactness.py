@@ -8,7 +8,15 @@ add them to `tiny_models.DRAFTER_OPTIONS` (a test fails until it does).
 
 import pytest
 import torch
-from tiny_models import DRAFTER_OPTIONS, eagle_package, greedy_target, heads_package, tiny_vocab_target, tv
+from tiny_models import (
+    DRAFTER_OPTIONS,
+    eagle_package,
+    greedy_target,
+    heads_package,
+    naive_greedy,
+    tiny_vocab_target,
+    tv,
+)
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.drafters.draft_model import without_replacement
@@ -25,14 +33,6 @@ DRAFTERS = registry.names("drafter")
 @pytest.fixture(scope="module")
 def target():
     return greedy_target()
-
-
-def naive_greedy(model, ids, n):
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 PROMPTS = [

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from tiny_models import naive_greedy
 
 from warpdecode.decoding.generate import generate
 from warpdecode.errors import ConfigError
@@ -19,14 +20,6 @@ def tiny():
     model = Transformer(config)
     model.init_weights(std=0.5)  # a peaked random model so greedy paths are not ties
     return model.eval(), tokenizer
-
-
-def naive_greedy(model, ids, n):
-    """Recompute the whole sequence every step: the reference the cached loop must equal."""
-    seq = list(ids)
-    for _ in range(n):
-        seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 def test_cached_greedy_equals_naive_loop(tiny):

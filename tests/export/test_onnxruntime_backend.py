@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import greedy_target
+from tiny_models import greedy_target, naive_greedy
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.batch import decode_batch
@@ -21,14 +21,6 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 def backbones(tiny_package):
     package = InferencePackage.load(tiny_package)
     return package.backbone("onnxruntime", threads=1), package.backbone("torch")
-
-
-def naive_greedy(model, ids, n):
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
 
 
 def test_torch_backend_of_a_package_is_the_exported_model(backbones):

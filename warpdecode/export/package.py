@@ -22,7 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.drafter_package import META_FILE, DrafterPackage
+from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
 
@@ -99,12 +99,9 @@ def export_package(
     included: dict[str, DrafterPackage] = {}
     sources: dict[str, Path] = {}
     for path in drafters:
-        meta = Path(path) / META_FILE
-        if not meta.is_file():
-            raise ConfigError(f"{path} is not a drafter package ({META_FILE} is missing)")
-        kind = json.loads(meta.read_text()).get("kind")
-        package = DrafterPackage.load(path, kind)
+        package = DrafterPackage.load(path)
         package.check_target(model)
+        kind = package.kind
         if kind in included:
             raise ConfigError(f"two {kind} drafters given; a package holds one drafter of each kind")
         included[kind], sources[kind] = package, Path(path)
@@ -125,14 +122,19 @@ def export_package(
                 drafter = registry.build("drafter", kind, path=str(sources[kind]))
                 export_heads_graphs(drafter.load_net(model), tmp / "drafters" / kind)
         variants = {}
+        head = None if model.lm_head is None else model.lm_head.weight.detach()
+
+        def session(graph_file: str) -> OnnxRuntimeBackbone:
+            return OnnxRuntimeBackbone(tmp / graph_file, model.config, fingerprint, graph.hidden_layers,
+                                       model.embed.weight.detach(), head)
+
+        full = session(GRAPH) if quantize else None
         for kind in dict.fromkeys(quantize):
             name = f"backbone.{kind}.onnx"
             quantize_graph(tmp / GRAPH, tmp / name, kind)
-            head = None if model.lm_head is None else model.lm_head.weight.detach()
-            full, quantized = (OnnxRuntimeBackbone(tmp / graph_file, model.config, fingerprint, graph.hidden_layers,
-                                                   model.embed.weight.detach(), head) for graph_file in (GRAPH, name))
+            assert full is not None
             variants[kind] = {"graph": name, "backend": f"onnxruntime-{kind}",
-                              "accuracy": compare_models(full, quantized, tokenizer)}
+                              "accuracy": compare_models(full, session(name), tokenizer)}
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -156,6 +158,8 @@ def export_package(
 class InferencePackage:
     directory: Path
     manifest: dict[str, Any]
+    _torch: Transformer | None = field(default=None, repr=False, compare=False)
+    """The PyTorch model, built once: the torch backend and ONNX Runtime's `torch_model()` share it."""
 
     @classmethod
     def load(cls, directory: str | Path) -> InferencePackage:
@@ -244,6 +248,11 @@ class InferencePackage:
                                    torch_loader=self._torch_model, device=device, threads=threads)
 
     def _torch_model(self) -> Transformer:
+        if self._torch is None:
+            self._torch = self._build_torch_model()
+        return self._torch
+
+    def _build_torch_model(self) -> Transformer:
         config = self.config
         with torch.device("meta"):
             model = Transformer(config)

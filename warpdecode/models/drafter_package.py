@@ -72,13 +72,14 @@ class DrafterPackage:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, kind: str) -> DrafterPackage:
+    def load(cls, directory: str | Path, kind: str | None = None) -> DrafterPackage:
+        """Load and check a package; `kind`: the drafter kind it must hold (None: any)."""
         directory = Path(directory)
         meta_path, weights_path = directory / META_FILE, directory / WEIGHTS_FILE
         for path in (meta_path, weights_path):
             if not path.is_file():
                 raise CheckpointError(f"{directory} is not a drafter package: {path.name} is missing "
-                                      f"(train one with `warpdecode fit --config configs/drafters/{kind}.yaml`)")
+                                      f"(train one with `warpdecode fit --config configs/drafters/{kind or '<kind>'}.yaml`)")
         try:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as e:
@@ -86,10 +87,10 @@ class DrafterPackage:
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise CheckpointError(f"{meta_path}: expected format {FORMAT!r} version {VERSION}, got "
                                   f"{meta.get('format')!r} version {meta.get('version')}")
-        if meta.get("kind") != kind:
+        if kind is not None and meta.get("kind") != kind:
             raise CheckpointError(f"{directory} holds a {meta.get('kind')!r} drafter, not {kind!r}")
         try:
             weights = load_file(str(weights_path))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{weights_path} is corrupt or truncated: {e}") from e
-        return cls(kind, meta["target"], meta["config"], weights, meta.get("tree", {}), meta.get("training", {}))
+        return cls(meta["kind"], meta["target"], meta["config"], weights, meta.get("tree", {}), meta.get("training", {}))
