@@ -311,11 +311,12 @@ def bench(
     model: str = DEFAULT_MODEL,
     package: str | None = None,
     backends: str = "torch",
-    methods: str | list[str | dict[str, Any]] = "none,prompt_lookup",
-    prompts: str = "spec_bench",
+    methods: str | list[str | dict[str, Any]] | None = None,
+    prompts: str | None = None,
     categories: str | None = None,
     limit: int | None = None,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
+    block_length: int = 8,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -332,6 +333,12 @@ def bench(
 
         warpdecode bench --methods prompt_lookup,draft_model:layers=10:num_tokens=4 --prompts spec_bench --limit 2
 
+    A masked diffusion LM (`--model` whose config is bidirectional) is benchmarked on the verifiable
+    tasks instead (`--prompts parallel_bench`): the methods are commit policies, the baseline is
+    one-token-per-step decoding (`fixed`), and accuracy, steps and speedup are reported per policy:
+
+        warpdecode bench --model runs/dlm/model --methods threshold,local_leap,prophet,credit:threshold=0.8
+
     Args:
         model: model directory, .gguf file, or model name.
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
@@ -340,13 +347,18 @@ def bench(
             onnxruntime-int4 (lossy; exported with --quantize); all but torch need --package.
             Rows on another backend are labelled METHOD@BACKEND; plain greedy on torch is the baseline.
         methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
-            options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10. Values are int, float,
-            true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY: VALUE} mappings.
-        prompts: prompt set(s), comma-separated: spec_bench, humaneval, stdlib_code (read from
-            $WARPDECODE_DATASETS, default <repo>/../shared/datasets).
-        categories: only these comma-separated categories of the sets, e.g. summarization,rag.
-        limit: at most this many prompts per category (default: the whole set).
-        max_new_tokens: largest number of tokens generated per prompt.
+            options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10 (default none,prompt_lookup). Values
+            are int, float, true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY:
+            VALUE} mappings. For a diffusion LM: commit policies with their options and the decoder's
+            block_length / eot_stop, e.g. threshold:threshold=0.8:eot_stop=true (default every policy).
+        prompts: prompt set(s), comma-separated: spec_bench (default), humaneval, stdlib_code (read from
+            $WARPDECODE_DATASETS, default <repo>/../shared/datasets); parallel_bench for a diffusion LM.
+        categories: only these comma-separated categories of the sets, e.g. summarization,rag (for
+            parallel_bench: tasks, e.g. copy,add).
+        limit: at most this many prompts per category (default: the whole set; parallel_bench: 20).
+        max_new_tokens: largest number of tokens generated per prompt (default 64); for a diffusion LM
+            the answer region (default 16).
+        block_length: diffusion LMs only: positions per semi-autoregressive block.
         temperature: 0 for greedy decoding (output compared with plain greedy); > 0 samples.
         top_k: sample only among the k most likely tokens.
         top_p: nucleus sampling mass in (0, 1].
@@ -358,11 +370,40 @@ def bench(
     """
     from warpdecode.bench.harness import BenchConfig, run_bench
     from warpdecode.bench.report import write
+    from warpdecode.models.checkpoint import read_config
 
-    config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts, categories=categories, limit=limit, max_new_tokens=max_new_tokens,
+    if package is None and not read_config(model).causal:
+        _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
+        return
+    if prompts == "parallel_bench":
+        from warpdecode.errors import ConfigError
+
+        raise ConfigError("parallel_bench is for masked diffusion LMs; this model is autoregressive")
+    config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts or "spec_bench", categories=categories,
+                         limit=limit, max_new_tokens=max_new_tokens or 64,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, peers=peers, threads=threads,
                          warmup_tokens=warmup_tokens)
-    result = run_bench(config, methods=methods)
+    result = run_bench(config, methods=methods if methods is not None else "none,prompt_lookup")
     paths = write(result, out)
     print(result.table())
     print(f"\n{len(result.skipped_too_long)} prompt(s) skipped as too long; wrote {', '.join(map(str, paths.values()))}")
+
+
+def _bench_diffusion(model: str, methods: str | list[Any] | None, prompts: str | None, tasks: str | None,
+                     limit: int | None, gen_length: int | None, block_length: int, threads: int | None, out: Path) -> None:
+    from warpdecode.bench.diffusion import DiffusionBenchConfig, run_diffusion_bench
+    from warpdecode.decoding import registry
+    from warpdecode.errors import ConfigError
+
+    if prompts not in (None, "parallel_bench"):
+        raise ConfigError(f"a diffusion LM is benchmarked on parallel_bench, not {prompts!r}")
+    if methods is not None and not isinstance(methods, str):
+        methods = ",".join(m if isinstance(m, str) else ":".join([m["name"]] + [f"{k}={v}" for k, v in m.items() if k != "name"])
+                           for m in methods)
+    config = DiffusionBenchConfig(model=model, methods=[methods or ",".join(registry.names("commit_policy"))],
+                                  tasks=tasks or "all", limit=limit or 20, gen_length=gen_length or 16,
+                                  block_length=block_length, threads=threads)
+    result = run_diffusion_bench(config)
+    paths = result.write(out)
+    print(result.table())
+    print(f"\nwrote {', '.join(map(str, paths.values()))}")

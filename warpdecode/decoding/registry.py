@@ -12,10 +12,11 @@ from typing import Any, Literal, TypeVar
 
 from warpdecode.errors import ConfigError
 
-Kind = Literal["drafter", "verifier", "controller"]
-KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller")
+Kind = Literal["drafter", "verifier", "controller", "commit_policy"]
+KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller", "commit_policy")
 _PACKAGES = {"drafter": "warpdecode.decoding.drafters", "verifier": "warpdecode.decoding.verifiers",
-             "controller": "warpdecode.decoding.controllers"}
+             "controller": "warpdecode.decoding.controllers",
+             "commit_policy": "warpdecode.decoding.diffusion.policies"}
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 
 T = TypeVar("T", bound=type)

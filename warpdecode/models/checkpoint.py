@@ -116,14 +116,20 @@ def resolve(source: str | Path) -> Path:
     return target
 
 
-def _read_hf_dir(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+def read_config(source: str | Path) -> ModelConfig:
+    """The architecture of a model directory, `.gguf` file or name, without loading its weights."""
+    directory = resolve(source)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"no config.json in {directory}")
     try:
-        config = config_from_hf(json.loads(config_path.read_text()))
+        return config_from_hf(json.loads(config_path.read_text()))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"corrupt {config_path}: {e}") from e
+
+
+def _read_hf_dir(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+    config = read_config(directory)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no .safetensors weights in {directory}")

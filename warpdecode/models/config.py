@@ -51,6 +51,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     causal: bool = True
     """Default attention pattern when no mask is given: causal (AR) or bidirectional (diffusion LM)."""
+    mask_token_id: int | None = None
+    """The mask token a masked diffusion LM predicts under (None for autoregressive models)."""
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     family: Family = "llama"

@@ -15,11 +15,12 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
 from warpdecode.errors import CheckpointError, ConfigError
 
 END_OF_TEXT = "<|endoftext|>"
+MASK = "<|mask|>"
 
 
 def _token_text(value: Any) -> str | None:
@@ -154,3 +155,21 @@ def train_bpe(texts: Iterator[str] | list[str], vocab_size: int, *, min_frequenc
     )
     backend.train_from_iterator(texts, trainer=trainer)
     return Tokenizer(backend, eos_token=END_OF_TEXT, bos_token=None)
+
+
+def char_tokenizer(alphabet: str, special_tokens: tuple[str, ...] = (END_OF_TEXT, MASK)) -> Tokenizer:
+    """One token per character of `alphabet` (ids after the special tokens), `<|endoftext|>` as EOS.
+
+    For models trained from scratch on small synthetic tasks, where a character vocabulary keeps the
+    embedding and LM head tiny. A character outside the alphabet encodes as `<|endoftext|>` (the
+    unknown token): callers that build text from a known alphabet never produce one.
+    """
+    chars = list(dict.fromkeys(alphabet))
+    if not chars:
+        raise ConfigError("a character tokenizer needs a non-empty alphabet")
+    vocab = {token: i for i, token in enumerate([*special_tokens, *chars])}
+    backend = HFTokenizer(models.WordLevel(vocab, unk_token=special_tokens[0]))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(special_tokens))
+    return Tokenizer(backend, eos_token=END_OF_TEXT if END_OF_TEXT in special_tokens else None)

@@ -25,14 +25,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from warpdecode.datamodules.corpus import CorpusDataModule
+from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.errors import WarpdecodeError
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.eagle import EagleDrafter
+from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (CausalLM, CorpusDataModule, EagleDrafter, HydraDrafter, MedusaDrafter, SelfDistillDataModule)
+REGISTERED = (CausalLM, CorpusDataModule, EagleDrafter, HydraDrafter, MaskedDiffusionLM, MedusaDrafter,
+              ParallelTasksDataModule, SelfDistillDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")
 DEFAULT_SEED = 0
 

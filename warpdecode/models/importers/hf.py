@@ -25,7 +25,17 @@ def _eos_list(value: Any) -> list[int]:
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """Read a Hugging Face `config.json` dict into a `ModelConfig`."""
+    """Read a Hugging Face `config.json` dict into a `ModelConfig`.
+
+    A masked diffusion LM is marked by `is_causal: false` and its `mask_token_id` (LLaDA's names).
+    """
+    config = _architecture_from_hf(hf)
+    config.causal = bool(hf.get("is_causal", True))
+    config.mask_token_id = hf.get("mask_token_id")
+    return config
+
+
+def _architecture_from_hf(hf: dict[str, Any]) -> ModelConfig:
     model_type = hf.get("model_type")
     try:
         if model_type in ("llama", "qwen2", "mistral"):
@@ -101,6 +111,8 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         "tie_word_embeddings": config.tie_embeddings,
         "torch_dtype": "float32",
     }
+    if not config.causal:
+        common |= {"is_causal": False, "mask_token_id": config.mask_token_id}
     if config.family == "gpt2":
         return common | {
             "n_layer": config.n_layer,

@@ -1,0 +1,40 @@
+"""A stand-in diffusion LM whose predictions and confidences are set by the test."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.transformer import BackboneOutput
+
+MASK, EOS, V = 1, 0, 16
+
+
+class OracleDLM:
+    """Predicts `truth` (B, L) at every position with probability `confidence(step)` (B, L), the rest
+    of the mass spread evenly over the other tokens; records the token state of every forward."""
+
+    def __init__(self, truth: Tensor, confidence: Tensor | Callable[[int], Tensor]) -> None:
+        self.config = ModelConfig(vocab_size=V, n_layer=1, n_head=1, d_model=8, d_ff=8, max_seq_len=64, causal=False,
+                                  mask_token_id=MASK)
+        self.embed = nn.Embedding(V, 8)
+        self.truth = truth
+        self.confidence = confidence if callable(confidence) else (lambda step: confidence)
+        self.seen: list[Tensor] = []
+
+    def __call__(self, tokens: Tensor, attention_mask: Tensor | None = None, **_: object) -> BackboneOutput:
+        assert tokens.shape == self.truth.shape
+        c = self.confidence(len(self.seen))  # (B, L)
+        self.seen.append(tokens.clone())
+        rest = ((1 - c) / (V - 1)).log()[..., None].expand(*tokens.shape, V).clone()  # (B, L, V)
+        logits = rest.scatter(-1, self.truth[..., None], c.log()[..., None])
+        return BackboneOutput(logits=logits, hidden_states={})
+
+
+def gap(c: float) -> float:
+    """Top-2 log-probability gap of a position predicted with confidence c."""
+    return math.log(c) - math.log((1 - c) / (V - 1))

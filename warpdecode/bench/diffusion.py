@@ -1,0 +1,222 @@
+"""`warpdecode bench` for masked diffusion LMs: commit policies side by side on the verifiable tasks.
+
+Every example of the evaluation set (`bench/parallel_tasks.py`) is decoded by every policy in turn
+(interleaved, after a warm-up), so machine noise spreads over all of them. The baseline is static
+decoding, `fixed` at one token per step without end-of-text stopping, and always runs first. For
+each policy: accuracy (exact answers; `perm` accepts any permutation), steps (forwards, NFEs),
+tokens/s, and, against the baseline in the same run, the step reduction, the wall-clock speedup and
+the accuracy change in points. Specs are `POLICY[:KEY=VALUE...]` with the policy's options plus the
+decoder's `block_length` and `eot_stop`, e.g. `threshold:threshold=0.8:eot_stop=true`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from warpdecode.bench.machine import machine_info
+from warpdecode.bench.parallel_tasks import TaskExample, evaluation_set, task_names
+from warpdecode.bench.specs import SYNTAX, format_value, parse_method
+from warpdecode.decoding import registry
+from warpdecode.decoding.diffusion.decoder import check_diffusion_model, diffusion_generate
+from warpdecode.decoding.diffusion.protocols import CommitPolicy
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import load_pretrained
+
+BASELINE = "fixed"
+DECODER_KEYS = ("block_length", "eot_stop")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    options: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return ":".join([self.name] + [f"{k}={format_value(v)}" for k, v in self.options.items()])
+
+    def decoder_options(self, block_length: int) -> dict[str, Any]:
+        return {"block_length": block_length, "eot_stop": False} | {k: v for k, v in self.options.items() if k in DECODER_KEYS}
+
+    def build(self) -> CommitPolicy:
+        policy: CommitPolicy = registry.build("commit_policy", self.name,
+                                              **{k: v for k, v in self.options.items() if k not in DECODER_KEYS})
+        return policy
+
+
+def parse_policies(text: str) -> list[PolicySpec]:
+    """`fixed,threshold:threshold=0.8` → checked specs, the baseline `fixed` first (added if missing)."""
+    specs = []
+    for part in text.split(","):
+        if not part.strip():
+            raise ConfigError(f"empty policy in {text!r}; expected {SYNTAX}")
+        method = parse_method(part)
+        spec = PolicySpec(method.name, method.options)
+        spec.build()  # unknown names and options fail here, before the model loads
+        for key in ("block_length",):
+            value = spec.options.get(key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"policy {spec.label!r}: {key} must be a positive integer")
+        specs.append(spec)
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"policy listed twice in {text!r}")
+    return [PolicySpec(BASELINE, {})] + [s for s in specs if s.label != BASELINE]
+
+
+@dataclass
+class DiffusionBenchConfig:
+    model: str
+    methods: list[str] = field(default_factory=lambda: [BASELINE])
+    tasks: str = "all"
+    limit: int = 20
+    """Examples per task."""
+    gen_length: int = 16
+    block_length: int = 8
+    threads: int | None = None
+
+    def command(self, out: Path | None = None) -> str:
+        parts = [f"warpdecode bench --model {self.model} --methods {','.join(self.methods)} --prompts parallel_bench",
+                 f"--categories {self.tasks} --limit {self.limit} --max-new-tokens {self.gen_length}",
+                 f"--block-length {self.block_length}"]
+        parts += [f"--threads {self.threads}"] if self.threads else []
+        return " ".join(parts + ([f"--out {out}"] if out else []))
+
+
+@dataclass
+class Run:
+    method: str
+    task: str
+    prompt: str
+    output: str
+    correct: bool
+    steps: int
+    seconds: float
+    tokens: int
+
+
+@dataclass
+class PolicyRow:
+    method: str
+    lossless: bool
+    examples: int
+    accuracy: float
+    steps: float
+    """Mean steps per example."""
+    tokens_per_second: float
+    step_reduction: float
+    """Baseline steps / these steps (totals)."""
+    speedup: float
+    """Baseline seconds / these seconds (totals)."""
+    accuracy_delta: float
+    """Accuracy minus the baseline's, in percentage points."""
+
+
+def summarise(runs: list[Run], method: str, lossless: bool, baseline: list[Run]) -> PolicyRow:
+    mine = [r for r in runs if r.method == method]
+    steps, seconds = sum(r.steps for r in mine), sum(r.seconds for r in mine)
+    accuracy = 100 * sum(r.correct for r in mine) / len(mine)
+    base_accuracy = 100 * sum(r.correct for r in baseline) / len(baseline)
+    return PolicyRow(method, lossless, len(mine), accuracy, steps / len(mine), sum(r.tokens for r in mine) / seconds,
+                     sum(r.steps for r in baseline) / steps, sum(r.seconds for r in baseline) / seconds,
+                     accuracy - base_accuracy)
+
+
+@dataclass
+class DiffusionBenchResult:
+    config: DiffusionBenchConfig
+    machine: dict[str, Any]
+    rows: list[PolicyRow]
+    per_task: dict[str, list[PolicyRow]]
+    runs: list[Run]
+    wall_seconds: float
+
+    def table(self, rows: list[PolicyRow] | None = None) -> str:
+        lines = ["| policy | lossless | accuracy % | Δ points | steps | step reduction | tok/s | speedup |",
+                 "|---|:---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows if rows is not None else self.rows:
+            lines.append(f"| `{r.method}` | {'yes' if r.lossless else 'no'} | {r.accuracy:.1f} | {r.accuracy_delta:+.1f} | "
+                         f"{r.steps:.2f} | {r.step_reduction:.2f}x | {r.tokens_per_second:.0f} | {r.speedup:.2f}x |")
+        return "\n".join(lines)
+
+    def markdown(self, out: Path | None = None) -> str:
+        c, m = self.config, self.machine
+        tasks = "\n\n".join(f"### {task}\n\n{self.table(rows)}" for task, rows in self.per_task.items())
+        return (f"# Diffusion LM commit policies: parallel_bench\n\n```sh\n{c.command(out)}\n```\n\n"
+                f"Model `{c.model}`, {len(self.runs) // len(self.rows)} examples ({c.limit} per task), answer region "
+                f"{c.gen_length} positions in blocks of {c.block_length}, greedy. Machine: {m['cpu']} "
+                f"({m['cpu_count']} CPUs), {m['torch_threads']} torch threads, torch {m['torch']}, {m['date']}; "
+                f"wall time {self.wall_seconds:.0f} s.\n\n"
+                f"Baseline `{BASELINE}`: one token per step (static decoding). Steps = forwards (NFEs).\n\n"
+                f"## All tasks\n\n{self.table()}\n\n## Per task\n\n{tasks}\n")
+
+    def write(self, out: Path) -> dict[str, Path]:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"json": out / "results.json", "markdown": out / "results.md", "plot": out / "accuracy_vs_steps.png"}
+        paths["json"].write_text(json.dumps(asdict(self), indent=2, default=str) + "\n")
+        paths["markdown"].write_text(self.markdown(out))
+        self.plot(paths["plot"])
+        return paths
+
+    def plot(self, path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7.0, 4.5))
+        for row in self.rows:
+            ax.scatter(row.step_reduction, row.accuracy, s=40)
+            ax.annotate(row.method, (row.step_reduction, row.accuracy), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        ax.set_xlabel(f"step reduction over `{BASELINE}` (x)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title("Commit policies: accuracy against steps saved")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) -> DiffusionBenchResult:
+    specs = parse_policies(",".join(config.methods))
+    config.methods = [s.label for s in specs]
+    examples: list[TaskExample] = evaluation_set(",".join(task_names(config.tasks)), per_task=config.limit)
+    if config.limit < 1 or config.gen_length < 1 or config.block_length < 1:
+        raise ConfigError("--limit, --max-new-tokens and --block-length must be positive")
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    start = time.perf_counter()
+    machine = machine_info()
+    model, tokenizer = load_pretrained(config.model)
+    check_diffusion_model(model)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError("the diffusion LM's tokenizer has no end-of-text token")
+    longest = max(len(e.answer) for e in examples)
+    if longest >= config.gen_length:
+        raise ConfigError(f"--max-new-tokens {config.gen_length} leaves no room for answers of {longest} tokens")
+    policies = [(spec, spec.build(), spec.decoder_options(config.block_length)) for spec in specs]
+    warm = tokenizer.encode(examples[0].prompt)
+    for _, policy, options in policies:
+        diffusion_generate(model, [warm], policy, gen_length=config.gen_length, eos_token_id=eos, **options)
+    runs: list[Run] = []
+    for ex in tqdm(examples, desc="examples", disable=not progress):
+        ids = tokenizer.encode(ex.prompt)
+        for spec, policy, options in policies:
+            out = diffusion_generate(model, [ids], policy, gen_length=config.gen_length, eos_token_id=eos, **options)
+            text = tokenizer.decode(out.answers[0])
+            runs.append(Run(spec.label, ex.task, ex.prompt, text, ex.correct(text), out.stats.steps[0],
+                            out.stats.seconds, len(out.answers[0]) + 1))  # + the end-of-text token
+    def rows(selected: list[Run]) -> list[PolicyRow]:
+        baseline = [r for r in selected if r.method == BASELINE]
+        return [summarise(selected, spec.label, policy.lossless, baseline) for spec, policy, _ in policies]
+
+    per_task = {task: rows([r for r in runs if r.task == task]) for task in task_names(config.tasks)}
+    return DiffusionBenchResult(config, machine, rows(runs), per_task, runs, time.perf_counter() - start)

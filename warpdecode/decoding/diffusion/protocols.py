@@ -1,0 +1,55 @@
+"""What a commit policy sees at each denoising step and what it returns.
+
+At every step the diffusion LM predicts all masked positions at once; a commit policy decides which
+of the masked positions of each row's current block are final now (and with which token). The
+decoder (`decoder.py`) owns the loop, the blocks and end-of-text handling; policies own only the
+choice, so every policy runs under the same loop and is compared on equal terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One denoising step of a batch of B rows over L positions (prompt + answer region + padding)."""
+
+    logits: Tensor
+    """(B, L, V) fp32 logits at every position."""
+    tokens: Tensor
+    """(B, L) int64 top-1 prediction at every position."""
+    confidence: Tensor
+    """(B, L) fp32 probability of the top-1 prediction."""
+    active: Tensor
+    """(B, L) bool: the masked positions of each row's current block (what may be committed)."""
+    masked: Tensor
+    """(B, L) bool: every still-masked answer position (later blocks included)."""
+    answer: Tensor
+    """(B, L) bool: the answer region (gen_length positions after each row's prompt)."""
+    step: int
+    """Forwards done before this one in the current generation."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    positions: Tensor
+    """(B, L) bool: positions made final now; within `active`, except a policy that commits ahead
+    (Prophet's all-in) may take any `masked` position. Every row with an active position commits one."""
+    tokens: Tensor
+    """(B, L) int64: the token written at each committed position."""
+
+
+class CommitPolicy(Protocol):
+    lossless: bool
+    """Whether the output is always that of one-token-per-step decoding (`fixed` with 1 token)."""
+
+    def reset(self, batch: int, length: int) -> None:
+        """A new generation of `batch` rows over `length` positions starts (clear per-position state)."""
+        ...
+
+    def select(self, view: StepView) -> Commit:
+        ...
