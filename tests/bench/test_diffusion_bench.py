@@ -1,0 +1,75 @@
+"""`warpdecode bench` on a masked diffusion LM: policies side by side against static decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import random_model
+
+from warpdecode.bench.diffusion import BASELINE, DiffusionBenchConfig, parse_policies, run_diffusion_bench
+from warpdecode.bench.parallel_tasks import ALPHABET
+from warpdecode.cli import main
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import save_pretrained
+from warpdecode.models.tokenizer import char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def dlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained bidirectional model over the tasks' character vocabulary (peaked random weights)."""
+    tokenizer = char_tokenizer(ALPHABET)
+    model = random_model(seed=2, std=0.6, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64,
+                         max_seq_len=64, causal=False, mask_token_id=tokenizer.backend.token_to_id("<|mask|>"),
+                         eos_token_ids=[0])
+    directory = tmp_path_factory.mktemp("dlm") / "model"
+    save_pretrained(model, tokenizer, directory)
+    return directory
+
+
+def test_policy_specs_put_the_baseline_first_and_fail_before_loading() -> None:
+    specs = parse_policies("threshold:threshold=0.8:eot_stop=true,fixed")
+    assert [s.label for s in specs] == ["fixed", "threshold:threshold=0.8:eot_stop=true"]
+    assert specs[1].decoder_options(8) == {"block_length": 8, "eot_stop": True}
+    for bad, message in (("nope", "unknown commit_policy"), ("threshold:tau=1", "no option"),
+                         ("fixed:block_length=0", "block_length"), ("credit,credit", "twice")):
+        with pytest.raises(ConfigError, match=message):
+            parse_policies(bad)
+
+
+def test_every_policy_decodes_every_example_and_is_compared_with_the_baseline(dlm_dir: Path, tmp_path: Path) -> None:
+    config = DiffusionBenchConfig(model=str(dlm_dir), methods=["threshold:threshold=0.5,prophet:eot_stop=true"],
+                                  tasks="copy,add", limit=2, gen_length=14, block_length=7, threads=1)
+    result = run_diffusion_bench(config, progress=False)
+    assert [r.method for r in result.rows] == [BASELINE, "threshold:threshold=0.5", "prophet:eot_stop=true"]
+    assert len(result.runs) == 3 * 4
+    baseline = result.rows[0]
+    assert baseline.lossless and baseline.step_reduction == 1.0 and baseline.accuracy_delta == 0.0
+    assert baseline.steps == 14  # one token per step over the whole answer region
+    for row in result.rows:
+        runs = [r for r in result.runs if r.method == row.method]
+        assert row.accuracy == 100 * sum(r.correct for r in runs) / 4
+        assert row.steps == sum(r.steps for r in runs) / 4 <= 14
+        assert row.step_reduction == pytest.approx(14 / row.steps)
+    assert set(result.per_task) == {"copy", "add"}
+    paths = result.write(tmp_path / "out")
+    saved = json.loads(paths["json"].read_text())
+    assert saved["config"]["methods"] == config.methods and len(saved["runs"]) == 12
+    assert "| `threshold:threshold=0.5` | no |" in paths["markdown"].read_text()
+    assert paths["plot"].stat().st_size > 1000
+
+
+def test_the_cli_benches_a_diffusion_model_and_refuses_mismatched_sets(dlm_dir: Path, tmp_path: Path,
+                                                                        tiny_model_dir: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    main(["bench", "--model", str(dlm_dir), "--methods", "threshold", "--categories", "fill", "--limit", "1",
+          "--max-new-tokens", "14", "--threads", "1", "--out", str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert "| `fixed` | yes |" in out and "| `threshold` | no |" in out
+    for argv, message in ((["--model", str(dlm_dir), "--prompts", "spec_bench"], "parallel_bench, not"),
+                          (["--model", str(tiny_model_dir), "--prompts", "parallel_bench"], "autoregressive")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", *argv, "--out", str(tmp_path / "c")])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
