@@ -73,3 +73,20 @@ def drafter_options(tmp_path_factory):
     heads = {kind: {"path": heads_package(greedy_target(), tmp_path_factory.mktemp(kind) / "drafter", kind)}
              for kind in ("medusa", "hydra")}
     return {**DRAFTER_OPTIONS, "retrieval": {"corpus": str(path)}, "eagle": {"path": eagle}, **heads}
+
+
+@pytest.fixture(scope="session")
+def dlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained masked diffusion LM over the verifiable tasks' characters (peaked random weights)."""
+    from warpdecode.bench.parallel_tasks import ALPHABET
+    from warpdecode.models.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer(ALPHABET)
+    torch.manual_seed(2)
+    model = Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64,
+                                    max_seq_len=64, causal=False, mask_token_id=tokenizer.backend.token_to_id("<|mask|>"),
+                                    eos_token_ids=[0]))
+    model.init_weights(std=0.6)
+    directory = tmp_path_factory.mktemp("dlm") / "model"
+    save_pretrained(model, tokenizer, directory)
+    return directory

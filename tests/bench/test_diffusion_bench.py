@@ -6,26 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import random_model
 
 from warpdecode.bench.diffusion import BASELINE, DiffusionBenchConfig, parse_policies, run_diffusion_bench
-from warpdecode.bench.parallel_tasks import ALPHABET
 from warpdecode.cli import main
 from warpdecode.errors import ConfigError
-from warpdecode.models.checkpoint import save_pretrained
-from warpdecode.models.tokenizer import char_tokenizer
-
-
-@pytest.fixture(scope="module")
-def dlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An untrained bidirectional model over the tasks' character vocabulary (peaked random weights)."""
-    tokenizer = char_tokenizer(ALPHABET)
-    model = random_model(seed=2, std=0.6, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64,
-                         max_seq_len=64, causal=False, mask_token_id=tokenizer.backend.token_to_id("<|mask|>"),
-                         eos_token_ids=[0])
-    directory = tmp_path_factory.mktemp("dlm") / "model"
-    save_pretrained(model, tokenizer, directory)
-    return directory
 
 
 def test_policy_specs_put_the_baseline_first_and_fail_before_loading() -> None:

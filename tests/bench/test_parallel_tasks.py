@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from warpdecode.bench.parallel_tasks import (
@@ -55,7 +57,7 @@ def test_reference_answers_are_right_and_fit_the_alphabet(task: str) -> None:
             assert closes(p, a) and not closes(p, "")
         elif task == "fill":
             assert len(a) == len(p) and all(x in ("_", y) for x, y in zip(p, a))
-            assert all(ord(y) - ord(x) == 1 for x, y in zip(a, a[1:]))
+            assert all(ord(y) - ord(x) == 1 for x, y in pairwise(a))
 
 
 def test_checkers_reject_wrong_answers_and_accept_any_permutation() -> None:

@@ -19,7 +19,14 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from warpdecode.bench.parallel_tasks import ALPHABET, MAX_ITEMS, TaskExample, example, held_out_prompts, task_names
+from warpdecode.bench.parallel_tasks import (
+    ALPHABET,
+    MAX_ITEMS,
+    TaskExample,
+    example,
+    held_out_prompts,
+    task_names,
+)
 from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader
 from warpdecode.errors import ConfigError
 from warpdecode.models.tokenizer import Tokenizer, char_tokenizer

@@ -79,7 +79,7 @@ class DrafterPackage:
         for path in (meta_path, weights_path):
             if not path.is_file():
                 raise CheckpointError(f"{directory} is not a drafter package: {path.name} is missing "
-                                      f"(train one with `warpdecode fit --config configs/drafters/{kind or '<kind>'}.yaml`)")
+                                      f"(train one with `warpdecode fit` and a recipe from configs/)")
         try:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as e:

@@ -32,6 +32,8 @@ def model_fingerprint(model: Transformer) -> str:
     digest = hashlib.sha256()
     fields = dataclasses.asdict(model.config)
     fields.pop("eos_token_ids", None)  # filled in from the tokenizer by some loaders; not architecture
+    if fields.get("mask_token_id") is None:  # added for diffusion LMs: autoregressive fingerprints stay as they were
+        fields.pop("mask_token_id", None)
     digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)

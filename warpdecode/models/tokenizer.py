@@ -14,8 +14,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
 
 from warpdecode.errors import CheckpointError, ConfigError
 

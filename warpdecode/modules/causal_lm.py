@@ -25,6 +25,7 @@ from warpdecode.models.checkpoint import load_pretrained, save_pretrained
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
+from warpdecode.modules.run_outputs import output_dir
 
 # Lightning checkpoints are read with torch.load(weights_only=True); the config in the saved
 # hyper-parameters is a plain dataclass of numbers and strings, safe to rebuild.
@@ -183,11 +184,7 @@ class CausalLM(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def export_path(self) -> Path:
-        if self.hparams["export_dir"]:
-            return Path(self.hparams["export_dir"])
-        checkpoint = self.trainer.checkpoint_callback
-        dirpath = getattr(checkpoint, "dirpath", None)
-        return Path(dirpath).parent / "model" if dirpath else Path(self.trainer.default_root_dir) / "model"
+        return output_dir(self.trainer, self.hparams["export_dir"], "model")
 
     def on_fit_end(self) -> None:
         if not self.trainer.is_global_zero:

@@ -33,6 +33,7 @@ from warpdecode.models.eagle import shift_left
 from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.transformer import Transformer
 from warpdecode.modules.causal_lm import warmup_cosine
+from warpdecode.modules.run_outputs import output_dir
 
 
 def frequent_tokens(counts: Tensor, size: int, always: list[int]) -> Tensor:
@@ -193,12 +194,7 @@ class DrafterModule(LightningModule):
         return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}
 
     def export_path(self) -> Path:
-        if self.hparams["export_dir"]:
-            return Path(self.hparams["export_dir"])
-        checkpoint = self.trainer.checkpoint_callback
-        dirpath = getattr(checkpoint, "dirpath", None)
-        root = Path(dirpath).parent if dirpath else Path(self.trainer.default_root_dir)
-        return root / "drafter"
+        return output_dir(self.trainer, self.hparams["export_dir"], "drafter")
 
     def package(self) -> DrafterPackage:
         """The trained drafter with its data-built tree and what training cost and measured."""

@@ -38,7 +38,7 @@ def view(confidence: list[float]) -> StepView:
     active = torch.ones_like(c, dtype=torch.bool)
     tokens = torch.arange(len(confidence))[None]
     logits = torch.zeros(1, len(confidence), 4)
-    return StepView(logits, tokens, c, active, active, active, 0)
+    return StepView(logits, tokens, c, active, active, active, active, 0)
 
 
 def test_top_k_active_takes_the_best_active_positions_per_row() -> None:

@@ -110,13 +110,15 @@ def diffusion_generate(
     block = torch.where(answer, relative // block_length, L)  # (B, L) block index of answer positions
     masked = answer.clone()
     stats = DiffusionStats(steps=[0] * B)
+    policy.prepare(model)
     policy.reset(B, L)
     while masked.any():
         logits = model(tokens, attention_mask=attention).logits.float()  # (B, L, V)
         confidence, predicted = logits.softmax(-1).max(-1)
         current = torch.where(masked, block, L).amin(1, keepdim=True)  # (B, 1)
-        active = masked & (block == current)
-        commit = policy.select(StepView(logits, predicted, confidence, active, masked, answer, stats.forwards))
+        in_block = block == current
+        active = masked & in_block
+        commit = policy.select(StepView(logits, predicted, confidence, active, masked, in_block, answer, stats.forwards))
         positions = commit.positions & masked
         if (active.any(1) & ~positions.any(1)).any():
             raise RuntimeError(f"commit policy {type(policy).__name__} made no progress on a row")

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from torch import Tensor
 
+from warpdecode.models.backbone import Backbone
+
 
 @dataclass(frozen=True)
 class StepView:
@@ -28,6 +30,8 @@ class StepView:
     """(B, L) bool: the masked positions of each row's current block (what may be committed)."""
     masked: Tensor
     """(B, L) bool: every still-masked answer position (later blocks included)."""
+    block: Tensor
+    """(B, L) bool: every position of each row's current block, committed or not."""
     answer: Tensor
     """(B, L) bool: the answer region (gen_length positions after each row's prompt)."""
     step: int
@@ -47,9 +51,23 @@ class CommitPolicy(Protocol):
     lossless: bool
     """Whether the output is always that of one-token-per-step decoding (`fixed` with 1 token)."""
 
+    def prepare(self, model: Backbone) -> None:
+        """Check the policy fits `model` (a trained policy names the model it was trained for)."""
+        ...
+
     def reset(self, batch: int, length: int) -> None:
         """A new generation of `batch` rows over `length` positions starts (clear per-position state)."""
         ...
 
     def select(self, view: StepView) -> Commit:
         ...
+
+
+class StatelessPolicy:
+    """Base of policies that need no model check and keep nothing between steps."""
+
+    def prepare(self, model: Backbone) -> None:
+        pass
+
+    def reset(self, batch: int, length: int) -> None:
+        pass

@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.diffusion.protocols import Commit, StepView
+from warpdecode.decoding.diffusion.protocols import Commit, StatelessPolicy, StepView
 from warpdecode.decoding.diffusion.selection import ensure_progress
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 
 
 @register("commit_policy", "credit")
-class CreditCommit:
+class CreditCommit(StatelessPolicy):
     lossless = False
 
     def __init__(self, threshold: float = 0.9, decay: float = 0.7, weight: float = 0.5, power: float = 0.5) -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from warpdecode.decoding.diffusion.protocols import Commit, StepView
+from warpdecode.decoding.diffusion.protocols import Commit, StatelessPolicy, StepView
 from warpdecode.decoding.diffusion.selection import ensure_progress
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 
 
 @register("commit_policy", "local_leap")
-class LocalLeapCommit:
+class LocalLeapCommit(StatelessPolicy):
     lossless = False
 
     def __init__(self, anchor_threshold: float = 0.9, relaxed_threshold: float = 0.6, radius: int = 4) -> None:
@@ -27,9 +27,6 @@ class LocalLeapCommit:
         if radius < 1:
             raise ConfigError(f"radius must be >= 1, got {radius}")
         self.anchor_threshold, self.relaxed_threshold, self.radius = anchor_threshold, relaxed_threshold, radius
-
-    def reset(self, batch: int, length: int) -> None:
-        pass
 
     def select(self, view: StepView) -> Commit:
         anchors = view.active & (view.confidence >= self.anchor_threshold)  # (B, L)

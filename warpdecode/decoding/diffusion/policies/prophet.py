@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from warpdecode.decoding.diffusion.protocols import Commit, StepView
+from warpdecode.decoding.diffusion.protocols import Commit, StatelessPolicy, StepView
 from warpdecode.decoding.diffusion.selection import top2_gap, top_k_active
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 
 
 @register("commit_policy", "prophet")
-class ProphetCommit:
+class ProphetCommit(StatelessPolicy):
     lossless = False
 
     def __init__(self, early_gap: float = 7.5, middle_gap: float = 5.0, late_gap: float = 2.5, tokens_per_step: int = 1) -> None:
@@ -26,9 +26,6 @@ class ProphetCommit:
             raise ConfigError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
         self.gaps = torch.tensor([early_gap, middle_gap, late_gap])
         self.tokens_per_step = tokens_per_step
-
-    def reset(self, batch: int, length: int) -> None:
-        pass
 
     def select(self, view: StepView) -> Commit:
         masked = view.masked.float()

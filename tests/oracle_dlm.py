@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import torch
 from torch import Tensor, nn
 
 from warpdecode.models.config import ModelConfig
@@ -15,23 +14,24 @@ MASK, EOS, V = 1, 0, 16
 
 
 class OracleDLM:
-    """Predicts `truth` (B, L) at every position with probability `confidence(step)` (B, L), the rest
-    of the mass spread evenly over the other tokens; records the token state of every forward."""
+    """Predicts `truth(step)` (B, L) at every position with probability `confidence(step)` (B, L), the
+    rest of the mass spread evenly over the other tokens; records the token state of every forward."""
 
-    def __init__(self, truth: Tensor, confidence: Tensor | Callable[[int], Tensor]) -> None:
+    def __init__(self, truth: Tensor | Callable[[int], Tensor], confidence: Tensor | Callable[[int], Tensor]) -> None:
         self.config = ModelConfig(vocab_size=V, n_layer=1, n_head=1, d_model=8, d_ff=8, max_seq_len=64, causal=False,
                                   mask_token_id=MASK)
         self.embed = nn.Embedding(V, 8)
-        self.truth = truth
+        self.truth = truth if callable(truth) else (lambda step: truth)
         self.confidence = confidence if callable(confidence) else (lambda step: confidence)
         self.seen: list[Tensor] = []
 
     def __call__(self, tokens: Tensor, attention_mask: Tensor | None = None, **_: object) -> BackboneOutput:
-        assert tokens.shape == self.truth.shape
-        c = self.confidence(len(self.seen))  # (B, L)
+        step = len(self.seen)
+        truth, c = self.truth(step), self.confidence(step)  # (B, L) each
+        assert tokens.shape == truth.shape
         self.seen.append(tokens.clone())
         rest = ((1 - c) / (V - 1)).log()[..., None].expand(*tokens.shape, V).clone()  # (B, L, V)
-        logits = rest.scatter(-1, self.truth[..., None], c.log()[..., None])
+        logits = rest.scatter(-1, truth[..., None], c.log()[..., None])
         return BackboneOutput(logits=logits, hidden_states={})
 
 
