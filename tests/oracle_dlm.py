@@ -27,7 +27,8 @@ class OracleDLM:
 
     def __call__(self, tokens: Tensor, attention_mask: Tensor | None = None, **_: object) -> BackboneOutput:
         step = len(self.seen)
-        truth, c = self.truth(step), self.confidence(step)  # (B, L) each
+        truth, c = self.truth(step), self.confidence(step)  # (B or 1, L) each: one row serves every row
+        truth, c = truth.expand(tokens.shape[0], -1), c.expand(tokens.shape[0], -1)
         assert tokens.shape == truth.shape
         self.seen.append(tokens.clone())
         rest = ((1 - c) / (V - 1)).log()[..., None].expand(*tokens.shape, V).clone()  # (B, L, V)

@@ -24,7 +24,8 @@ from warpdecode.bench.machine import machine_info
 from warpdecode.bench.parallel_tasks import TaskExample, evaluation_set, task_names
 from warpdecode.bench.specs import SYNTAX, format_value, parse_method
 from warpdecode.decoding import registry
-from warpdecode.decoding.diffusion.decoder import check_diffusion_model, diffusion_generate
+from warpdecode.decoding.diffusion.decoder import diffusion_generate
+from warpdecode.decoding.diffusion.layout import check_diffusion_model
 from warpdecode.decoding.diffusion.protocols import CommitPolicy
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained

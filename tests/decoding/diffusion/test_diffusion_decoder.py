@@ -7,7 +7,8 @@ import torch
 from oracle_dlm import EOS, MASK, OracleDLM
 from tiny_models import random_model
 
-from warpdecode.decoding.diffusion.decoder import diffusion_generate, end_of_text_fill, layout
+from warpdecode.decoding.diffusion.decoder import diffusion_generate, end_of_text_fill
+from warpdecode.decoding.diffusion.layout import layout
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.decoding.diffusion.policies.threshold import ThresholdCommit
 from warpdecode.errors import ConfigError

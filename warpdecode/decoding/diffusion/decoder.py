@@ -15,65 +15,20 @@ Steps are forwards (NFEs); the prompt is part of every forward (no KV reuse here
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.diffusion.free_draft import FreeDraftVerify, free_draft_generate
+from warpdecode.decoding.diffusion.layout import (
+    DiffusionOutput,
+    DiffusionStats,
+    check_diffusion_model,
+    layout,
+)
 from warpdecode.decoding.diffusion.protocols import CommitPolicy, StepView
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
-
-
-@dataclass
-class DiffusionStats:
-    steps: list[int] = field(default_factory=list)
-    """Forwards each row took part in before its answer was complete."""
-    forwards: int = 0
-    """Forwards of the batch (the largest row's steps)."""
-    committed_per_step: list[list[int]] = field(default_factory=list)
-    """Per forward: tokens committed in each row (end-of-text filled by EoTP included)."""
-    seconds: float = 0.0
-
-
-@dataclass
-class DiffusionOutput:
-    answers: list[list[int]]
-    """Each row's answer ids up to (not including) its first end-of-text."""
-    sequences: Tensor
-    """(B, L) the final sequences: prompt, answer region, end-of-text padding."""
-    stats: DiffusionStats
-
-
-def check_diffusion_model(model: Backbone) -> int:
-    """The model's mask token id; a ConfigError for a causal model or one without a mask token."""
-    if model.config.causal:
-        raise ConfigError("this model is autoregressive (causal); diffusion decoding needs a masked diffusion LM")
-    if model.config.mask_token_id is None:
-        raise ConfigError("this diffusion LM's config names no mask_token_id")
-    return model.config.mask_token_id
-
-
-def layout(prompts: list[list[int]], gen_length: int, mask_token_id: int, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-padded rows `prompt + [mask] * gen_length`.
-
-    Returns:
-        tokens (B, L) int64, answer (B, L) bool (the answer region), attention (B, L, L) bool (every
-        position sees every real position; a padding position is seen only by itself).
-    """
-    if not prompts or any(not p for p in prompts):
-        raise ConfigError("every prompt needs at least one token")
-    lengths = torch.tensor([len(p) for p in prompts])
-    L = int(lengths.max()) + gen_length
-    index = torch.arange(L)[None, :]  # (1, L)
-    tokens = torch.full((len(prompts), L), pad_token_id, dtype=torch.int64)
-    for row, prompt in enumerate(prompts):
-        tokens[row, : len(prompt)] = torch.tensor(prompt)
-    answer = (index >= lengths[:, None]) & (index < lengths[:, None] + gen_length)  # (B, L)
-    tokens[answer] = mask_token_id
-    real = index < lengths[:, None] + gen_length  # (B, L)
-    attention = real[:, None, :] | torch.eye(L, dtype=torch.bool)[None]  # (B, L, L)
-    return tokens, answer, attention
 
 
 def end_of_text_fill(tokens: Tensor, masked: Tensor, answer: Tensor, eos_token_id: int) -> Tensor:
@@ -98,10 +53,18 @@ def diffusion_generate(
     mask_token_id = check_diffusion_model(model)
     if gen_length < 1 or block_length < 1:
         raise ConfigError(f"gen_length and block_length must be positive, got {gen_length}, {block_length}")
-    longest = max(len(p) for p in prompts) + gen_length
+    longest = max(map(len, prompts), default=0) + gen_length
     if longest > model.config.max_seq_len:
         raise ConfigError(f"prompt + gen_length = {longest} tokens exceeds the model's context of "
                           f"{model.config.max_seq_len}")
+    if isinstance(policy, FreeDraftVerify):
+        if len(prompts) != 1 or eot_stop:
+            raise ConfigError("free_draft decodes one prompt at a time, without eot_stop (it reproduces `fixed`)")
+        if not prompts[0]:
+            raise ConfigError("every prompt needs at least one token")
+        policy.prepare(model)
+        return free_draft_generate(model, prompts[0], gen_length=gen_length, block_length=block_length,
+                                   eos_token_id=eos_token_id, draft_length=policy.draft_length)
     device = model.embed.weight.device
     start = time.perf_counter()
     tokens, answer, attention = (t.to(device) for t in layout(prompts, gen_length, mask_token_id, eos_token_id))
