@@ -107,7 +107,7 @@ class ParallelTasksDataModule(LightningDataModule):
         longest_prompt = max(len(name) for name in self.tasks) + 2 * MAX_ITEMS + 2
         self.block_size = longest_prompt + gen_length
         """Longest row, checked against the model's max_seq_len."""
-        self.train: TaskExamples | None = None
+        self.train: Dataset[tuple[Tensor, int]] | None = None
         self.val: TaskExamples | None = None
 
     def setup(self, stage: str) -> None:

@@ -26,18 +26,21 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from warpdecode.datamodules.corpus import CorpusDataModule
 from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
+from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.datamodules.trajectories import TrajectoryDataModule
 from warpdecode.errors import WarpdecodeError
 from warpdecode.modules.causal_lm import CausalLM
+from warpdecode.modules.certainty_forcing import CertaintyForcingLM
 from warpdecode.modules.eagle import EagleDrafter
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (CausalLM, CorpusDataModule, EagleDrafter, HydraDrafter, MaskedDiffusionLM, MedusaDrafter,
-              ParallelFilterModule, ParallelTasksDataModule, SelfDistillDataModule, TrajectoryDataModule)
+REGISTERED = (CausalLM, CertaintyForcingLM, CorpusDataModule, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
+              MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, SelfDecodedTasksDataModule,
+              SelfDistillDataModule, TrajectoryDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")
 DEFAULT_SEED = 0
 
