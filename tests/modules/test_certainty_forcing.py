@@ -38,7 +38,7 @@ def test_distillation_keeps_the_models_answers_and_exports(dlm_dir: Path, tmp_pa
     data = SelfDecodedTasksDataModule(str(dlm_dir), tasks="copy,add", train_examples=32, val_examples=8,
                                       gen_length=14, block_length=7, decode_batch_size=16, batch_size=8)
     data.setup("fit")
-    model, tokenizer = load_pretrained(dlm_dir)
+    model, _ = load_pretrained(dlm_dir)
     ids, prompt_length = data.train[3]  # type: ignore[index]
     own = diffusion_generate(model, [ids[:prompt_length].tolist()], FixedCommit(1), gen_length=14, block_length=7,
                              eos_token_id=0)

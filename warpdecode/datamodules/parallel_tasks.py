@@ -67,6 +67,19 @@ class TaskExamples(Dataset[tuple[Tensor, int]]):
         return torch.tensor(ids, dtype=torch.int64), len(prompt)
 
 
+class FixedExamples(Dataset[tuple[Tensor, int]]):
+    """Examples already encoded: (prompt + answer region ids, prompt length) each."""
+
+    def __init__(self, items: list[tuple[Tensor, int]]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.items[index]
+
+
 def collate(eos_token_id: int, items: list[tuple[Tensor, int]]) -> dict[str, Tensor]:
     """Right-pad with EOS: tokens (B, L) int64, prompt_lengths (B,), lengths (B,) (real tokens per row)."""
     lengths = torch.tensor([len(ids) for ids, _ in items])
@@ -107,7 +120,7 @@ class ParallelTasksDataModule(LightningDataModule):
         longest_prompt = max(len(name) for name in self.tasks) + 2 * MAX_ITEMS + 2
         self.block_size = longest_prompt + gen_length
         """Longest row, checked against the model's max_seq_len."""
-        self.train: Dataset[tuple[Tensor, int]] | None = None
+        self.train: TaskExamples | FixedExamples | None = None
         self.val: TaskExamples | None = None
 
     def setup(self, stage: str) -> None:

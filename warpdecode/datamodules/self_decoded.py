@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
+from warpdecode.datamodules.parallel_tasks import FixedExamples, ParallelTasksDataModule
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.errors import ConfigError
@@ -62,5 +62,5 @@ class SelfDecodedTasksDataModule(ParallelTasksDataModule):
             out = diffusion_generate(model, batch, FixedCommit(1), gen_length=self.gen_length,
                                      block_length=self.block_length, eos_token_id=self.tokenizer.eos_token_id)
             items += [(out.sequences[row, : len(p) + self.gen_length].clone(), len(p)) for row, p in enumerate(batch)]
-        self.train = items  # type: ignore[assignment]  # a list of (ids, prompt length) is a map-style dataset
+        self.train = FixedExamples(items)
         self.decoded = True
