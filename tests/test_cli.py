@@ -115,3 +115,13 @@ def test_generate_with_method_matches_plain_greedy(tiny_model_dir, capsys):
 def test_bad_method_is_one_line_error(extra, message, tiny_model_dir, capsys):
     code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", *extra], capsys)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_generate_decodes_a_diffusion_lm_under_a_commit_policy(dlm_dir, capsys):
+    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method", "threshold",
+          "--method-options", '{"threshold": 0.5, "block_length": 7}', "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["steps"] == len(out["stats"]["committed_per_step"]) <= 14
+    assert sum(out["stats"]["committed_per_step"]) == 14  # every position of the answer region decoded once
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--temperature", "0.5"], capsys)
+    assert code == 2 and "greedily" in err

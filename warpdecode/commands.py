@@ -81,6 +81,12 @@ def generate(
         method: decoding method (a drafter from `warpdecode methods`); none = plain decoding (the
             default, or the method a package was exported with).
         method_options: the drafter's options as JSON, e.g. '{"layers": 10}' for draft_model.
+
+    A masked diffusion LM (a bidirectional --model) decodes its answer in parallel instead: --method
+    names a commit policy (default fixed, one token per step; `warpdecode methods` lists them),
+    --method-options its options plus block_length (8) and eot_stop, and --max-new-tokens is the
+    answer region: `warpdecode generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16
+    --method threshold`.
         verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
         verifier_options: the verifier's options as JSON.
         controller: draft budget per step: fixed, or adaptive (grows while drafts are accepted).
@@ -97,6 +103,12 @@ def generate(
     if threads is not None:
         torch.set_num_threads(threads)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads)
+    if not target.config.causal:
+        if temperature > 0:
+            raise ConfigError("diffusion LMs decode greedily here; drop --temperature")
+        _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options or {}, max_new_tokens,
+                            json_output)
+        return
     method = method or default_method
     built = build_method(method, do_sample=temperature > 0, verifier=verifier,
                          options=drafter_options.get(method, {}) | (method_options or {}),
@@ -134,6 +146,28 @@ def generate(
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: str, policy_name: str,
+                        options: dict[str, Any], gen_length: int, json_output: bool) -> None:
+    """Decode a masked diffusion LM's answer under a commit policy (`--method`, default one token per step)."""
+    from warpdecode.decoding import registry
+    from warpdecode.decoding.diffusion.decoder import diffusion_generate
+    from warpdecode.errors import ConfigError
+
+    if tokenizer is None or tokenizer.eos_token_id is None:
+        raise ConfigError("this diffusion LM has no tokenizer with an end-of-text token")
+    decoder = {"block_length": options.pop("block_length", 8), "eot_stop": options.pop("eot_stop", False)}
+    policy = registry.build("commit_policy", policy_name, **options)
+    out = diffusion_generate(model, [tokenizer.encode(prompt)], policy, gen_length=gen_length,
+                             eos_token_id=tokenizer.eos_token_id, **decoder)
+    text, stats = tokenizer.decode(out.answers[0]), out.stats
+    if json_output:
+        print(json.dumps({"text": text, "token_ids": out.answers[0], "stats": {"steps": stats.steps[0],
+                          "seconds": stats.seconds, "committed_per_step": [c[0] for c in stats.committed_per_step]}}))
+    else:
+        print(text)
+        print(f"[{len(out.answers[0])} tokens in {stats.steps[0]} steps, {stats.seconds:.3f} s]", file=sys.stderr)
 
 
 def _load_target(model: str | None, package: Path | None, backend: str, device: str,
