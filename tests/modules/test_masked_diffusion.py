@@ -97,3 +97,18 @@ def test_fit_logs_decoding_metrics_and_exports_a_loadable_diffusion_lm(tmp_path:
     out = diffusion_generate(model, [tokenizer.encode("copy:ab12cd=")], FixedCommit(1), gen_length=13, block_length=4,
                              eos_token_id=0)
     assert out.stats.steps == [13]
+
+
+def test_the_diffusion_recipes_parse_and_build(dlm_dir: Path) -> None:
+    from warpdecode.modules.lightning_cli import build_cli
+
+    recipes = Path(__file__).parents[2] / "configs" / "diffusion"
+    cli = build_cli(["--config", str(recipes / "parallel-tasks.yaml")], run=False)
+    assert isinstance(cli.model, MaskedDiffusionLM) and cli.model.config.causal is False
+    assert cli.datamodule.block_size <= cli.model.config.max_seq_len
+    assert cli.model.config.vocab_size == cli.datamodule.tokenizer.vocab_size
+    learn2pd = build_cli(["--config", str(recipes / "learn2pd.yaml"), "--data.init_args.model", str(dlm_dir)], run=False)
+    assert learn2pd.model.filter.block_length == learn2pd.datamodule.block_length
+    distill = build_cli(["--config", str(recipes / "certainty-forcing.yaml"), "--model.init_args.pretrained", str(dlm_dir),
+                         "--data.init_args.model", str(dlm_dir)], run=False)
+    assert distill.model.config.mask_token_id is not None
