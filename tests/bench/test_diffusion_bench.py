@@ -23,24 +23,26 @@ def test_policy_specs_put_the_baseline_first_and_fail_before_loading() -> None:
 
 
 def test_every_policy_decodes_every_example_and_is_compared_with_the_baseline(dlm_dir: Path, tmp_path: Path) -> None:
-    config = DiffusionBenchConfig(model=str(dlm_dir), methods=["threshold:threshold=0.5,prophet:eot_stop=true"],
+    config = DiffusionBenchConfig(model=str(dlm_dir), methods=["threshold:threshold=0.5,prophet:eot_stop=true,free_draft"],
                                   tasks="copy,add", limit=2, gen_length=14, block_length=7, threads=1)
     result = run_diffusion_bench(config, progress=False)
-    assert [r.method for r in result.rows] == [BASELINE, "threshold:threshold=0.5", "prophet:eot_stop=true"]
-    assert len(result.runs) == 3 * 4
+    assert [r.method for r in result.rows] == [BASELINE, "threshold:threshold=0.5", "prophet:eot_stop=true", "free_draft"]
+    assert len(result.runs) == 4 * 4
     baseline = result.rows[0]
     assert baseline.lossless and baseline.step_reduction == 1.0 and baseline.accuracy_delta == 0.0
+    assert baseline.identical == 4 and not result.rows[2].lossless  # eot_stop makes prophet (any policy) lossy
     assert baseline.steps == 14  # one token per step over the whole answer region
     for row in result.rows:
         runs = [r for r in result.runs if r.method == row.method]
         assert row.accuracy == 100 * sum(r.correct for r in runs) / 4
         assert row.steps == sum(r.steps for r in runs) / 4 <= 14
         assert row.step_reduction == pytest.approx(14 / row.steps)
+    assert result.rows[3].lossless and result.rows[3].identical == 4  # FreeDave reproduces the baseline
     assert set(result.per_task) == {"copy", "add"}
     paths = result.write(tmp_path / "out")
     saved = json.loads(paths["json"].read_text())
-    assert saved["config"]["methods"] == config.methods and len(saved["runs"]) == 12
-    assert "| `threshold:threshold=0.5` | no |" in paths["markdown"].read_text()
+    assert saved["config"]["methods"] == config.methods and len(saved["runs"]) == 16
+    assert "| `free_draft` | yes |" in paths["markdown"].read_text()
     assert paths["plot"].stat().st_size > 1000
 
 

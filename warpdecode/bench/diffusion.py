@@ -118,16 +118,20 @@ class PolicyRow:
     """Baseline seconds / these seconds (totals)."""
     accuracy_delta: float
     """Accuracy minus the baseline's, in percentage points."""
+    identical: int
+    """Examples whose answer equals the baseline's answer."""
 
 
 def summarise(runs: list[Run], method: str, lossless: bool, baseline: list[Run]) -> PolicyRow:
+    """One policy's row over `runs`; `baseline` holds the baseline's runs of the same examples, in order."""
     mine = [r for r in runs if r.method == method]
+    identical = sum(r.output == b.output for r, b in zip(mine, baseline))
     steps, seconds = sum(r.steps for r in mine), sum(r.seconds for r in mine)
     accuracy = 100 * sum(r.correct for r in mine) / len(mine)
     base_accuracy = 100 * sum(r.correct for r in baseline) / len(baseline)
     return PolicyRow(method, lossless, len(mine), accuracy, steps / len(mine), sum(r.tokens for r in mine) / seconds,
                      sum(r.steps for r in baseline) / steps, sum(r.seconds for r in baseline) / seconds,
-                     accuracy - base_accuracy)
+                     accuracy - base_accuracy, identical)
 
 
 @dataclass
@@ -140,10 +144,11 @@ class DiffusionBenchResult:
     wall_seconds: float
 
     def table(self, rows: list[PolicyRow] | None = None) -> str:
-        lines = ["| policy | lossless | accuracy % | Δ points | steps | step reduction | tok/s | speedup |",
-                 "|---|:---:|---:|---:|---:|---:|---:|---:|"]
+        lines = ["| policy | lossless | accuracy % | Δ points | identical | steps | step reduction | tok/s | speedup |",
+                 "|---|:---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows if rows is not None else self.rows:
             lines.append(f"| `{r.method}` | {'yes' if r.lossless else 'no'} | {r.accuracy:.1f} | {r.accuracy_delta:+.1f} | "
+                         f"{r.identical}/{r.examples} | "
                          f"{r.steps:.2f} | {r.step_reduction:.2f}x | {r.tokens_per_second:.0f} | {r.speedup:.2f}x |")
         return "\n".join(lines)
 
@@ -155,7 +160,9 @@ class DiffusionBenchResult:
                 f"{c.gen_length} positions in blocks of {c.block_length}, greedy. Machine: {m['cpu']} "
                 f"({m['cpu_count']} CPUs), {m['torch_threads']} torch threads, torch {m['torch']}, {m['date']}; "
                 f"wall time {self.wall_seconds:.0f} s.\n\n"
-                f"Baseline `{BASELINE}`: one token per step (static decoding). Steps = forwards (NFEs).\n\n"
+                f"Baseline `{BASELINE}`: one token per step (static decoding). Steps = forwards (NFEs); identical = answers "
+                f"equal to the baseline's; a lossless policy must have them all. End-of-text stopping (`eot_stop`) "
+                f"makes any policy lossy.\n\n"
                 f"## All tasks\n\n{self.table()}\n\n## Per task\n\n{tasks}\n")
 
     def write(self, out: Path) -> dict[str, Path]:
@@ -217,7 +224,8 @@ def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) 
                             out.stats.seconds, len(out.answers[0]) + 1))  # + the end-of-text token
     def rows(selected: list[Run]) -> list[PolicyRow]:
         baseline = [r for r in selected if r.method == BASELINE]
-        return [summarise(selected, spec.label, policy.lossless, baseline) for spec, policy, _ in policies]
+        return [summarise(selected, spec.label, policy.lossless and not options["eot_stop"], baseline)
+                for spec, policy, options in policies]
 
     per_task = {task: rows([r for r in runs if r.task == task]) for task in task_names(config.tasks)}
     return DiffusionBenchResult(config, machine, rows(runs), per_task, runs, time.perf_counter() - start)
