@@ -45,6 +45,7 @@ def test_distillation_keeps_the_models_answers_and_exports(dlm_dir: Path, tmp_pa
     assert torch.equal(ids, own.sequences[0])  # the target is what the model itself decodes
     module = CertaintyForcingLM(pretrained=str(dlm_dir), block_length=7, eval_block_length=7,
                                 export_dir=str(tmp_path / "distilled"))
+    assert {"mask_token", "block_length", "entropy_weight", "pretrained"} <= set(module.hparams)
     ce, entropy = module.certainty_loss(next(iter(data.train_dataloader())), torch.Generator().manual_seed(0))
     assert ce.item() > 0 and entropy.item() >= 0
     Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

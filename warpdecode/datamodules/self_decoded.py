@@ -23,7 +23,7 @@ class SelfDecodedTasksDataModule(ParallelTasksDataModule):
         self,
         model: str | None = None,
         tasks: str = "all",
-        train_examples: int = 8192,
+        train_examples: int = 4096,
         val_examples: int = 512,
         gen_length: int = 16,
         block_length: int = 8,

@@ -66,8 +66,7 @@ class CertaintyForcingLM(MaskedDiffusionLM):
                               f"{block_length}, {entropy_weight}, {entropy_temperature}")
         super().__init__(pretrained=pretrained, lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=warmup_steps,
                          weight_decay=weight_decay, export_dir=export_dir, eval_block_length=eval_block_length,
-                         eval_threshold=eval_threshold)
-        self.save_hyperparameters()
+                         eval_threshold=eval_threshold)  # its save_hyperparameters() records these arguments too
 
     def certainty_loss(self, batch: dict[str, Tensor], generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(cross-entropy over both views' masked positions, mean entropy of their correct predictions)."""
