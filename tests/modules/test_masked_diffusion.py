@@ -112,3 +112,5 @@ def test_the_diffusion_recipes_parse_and_build(dlm_dir: Path) -> None:
     distill = build_cli(["--config", str(recipes / "certainty-forcing.yaml"), "--model.init_args.pretrained", str(dlm_dir),
                          "--data.init_args.model", str(dlm_dir)], run=False)
     assert distill.model.config.mask_token_id is not None
+    # LightningCLI records only the subclass's own arguments; the ones the parents read must be there too
+    assert {"mask_token", "min_mask_ratio", "betas", "init_std"} <= set(distill.model.hparams)

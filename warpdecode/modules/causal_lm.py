@@ -74,6 +74,12 @@ class CausalLM(LightningModule):
         if warmup_steps < 0 or not 0 <= min_lr_ratio <= 1:
             raise ConfigError(f"need warmup_steps >= 0 and 0 <= min_lr_ratio <= 1, got {warmup_steps}, {min_lr_ratio}")
         self.save_hyperparameters()
+        # LightningCLI records only the arguments of the class it instantiates: a subclass that fixes
+        # some of these would leave them out, so every argument read later is recorded here.
+        for key, value in {"model": model, "pretrained": pretrained, "lr": lr, "min_lr_ratio": min_lr_ratio,
+                           "warmup_steps": warmup_steps, "weight_decay": weight_decay, "betas": betas,
+                           "init_std": init_std, "export_dir": export_dir}.items():
+            self.hparams.setdefault(key, value)
         self.tokenizer: Tokenizer | None = None
         """The tokenizer the model is trained with: the datamodule's, or the pretrained one's."""
         if pretrained is not None:

@@ -89,6 +89,9 @@ class MaskedDiffusionLM(CausalLM):
         super().__init__(model, pretrained, lr, min_lr_ratio, warmup_steps, weight_decay, betas, init_std, export_dir)
         if not 0 < min_mask_ratio < 1:
             raise ConfigError(f"min_mask_ratio must be in (0, 1), got {min_mask_ratio}")
+        for key, value in {"mask_token": mask_token, "min_mask_ratio": min_mask_ratio,
+                           "eval_block_length": eval_block_length, "eval_threshold": eval_threshold}.items():
+            self.hparams.setdefault(key, value)  # see CausalLM: recorded for subclasses built by LightningCLI
         self.config.causal = False
         self.exact_static, self.exact_parallel, self.steps_parallel = MeanMetric(), MeanMetric(), MeanMetric()
 
