@@ -193,11 +193,13 @@ class DiffusionBenchResult:
 
 
 def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) -> DiffusionBenchResult:
+    """Decode the evaluation set with every policy of `config.methods`, the baseline first; checks
+    specs and settings before the model loads."""
     specs = parse_policies(",".join(config.methods))
     config.methods = [s.label for s in specs]
-    examples: list[TaskExample] = evaluation_set(",".join(task_names(config.tasks)), per_task=config.limit)
     if config.limit < 1 or config.gen_length < 1 or config.block_length < 1:
         raise ConfigError("--limit, --max-new-tokens and --block-length must be positive")
+    examples: list[TaskExample] = evaluation_set(",".join(task_names(config.tasks)), per_task=config.limit)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
@@ -222,6 +224,7 @@ def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) 
             text = tokenizer.decode(out.answers[0])
             runs.append(Run(spec.label, ex.task, ex.prompt, text, ex.correct(text), out.stats.steps[0],
                             out.stats.seconds, len(out.answers[0]) + 1))  # + the end-of-text token
+
     def rows(selected: list[Run]) -> list[PolicyRow]:
         baseline = [r for r in selected if r.method == BASELINE]
         return [summarise(selected, spec.label, policy.lossless and not options["eot_stop"], baseline)
