@@ -10,17 +10,17 @@ from lightning.pytorch import Trainer
 
 from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
+from warpdecode.decoding.diffusion.layout import answer_region
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.modules.certainty_forcing import CertaintyForcingLM, block_masks
-from warpdecode.modules.masked_diffusion import answer_region
 
 
 def test_block_masks_split_one_block_between_two_views_and_mask_everything_after() -> None:
     prompt_lengths, lengths = torch.tensor([3, 5] * 200), torch.tensor([15, 17] * 200)
     answer, _ = answer_region(prompt_lengths, lengths, 17)
-    first, second = block_masks(answer, prompt_lengths, 4, torch.Generator().manual_seed(0))
+    first, second = block_masks(answer, 4, torch.Generator().manual_seed(0))
     block = torch.where(answer, (torch.arange(17)[None] - prompt_lengths[:, None]) // 4, -1)  # 3 blocks per answer
     chosen = []
     for row in range(400):

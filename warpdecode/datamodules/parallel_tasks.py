@@ -59,6 +59,10 @@ class TaskExamples(Dataset[tuple[Tensor, int]]):
             item = example(task, self.seed, -(n * 1000 + redraw))
         return item
 
+    def prompt_ids(self, count: int) -> list[list[int]]:
+        """The token ids of the first `count` prompts (what a model is asked to answer)."""
+        return [ids[:n].tolist() for ids, n in (self[i] for i in range(count))]
+
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         item = self.example(index)
         prompt = [self.vocab[c] for c in item.prompt]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from warpdecode.datamodules.parallel_tasks import FixedExamples, ParallelTasksDataModule
+from warpdecode.datamodules.parallel_tasks import FixedExamples, ParallelTasksDataModule, TaskExamples
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.errors import ConfigError
@@ -53,9 +53,9 @@ class SelfDecodedTasksDataModule(ParallelTasksDataModule):
         super().setup(stage)
         if stage != "fit" or self.decoded:
             return
-        assert self.train is not None and self.tokenizer.eos_token_id is not None
+        assert isinstance(self.train, TaskExamples) and self.tokenizer.eos_token_id is not None
         model, _ = load_pretrained(self.model_source)
-        prompts = [ids[:n].tolist() for ids, n in (self.train[i] for i in range(self.train_examples))]
+        prompts = self.train.prompt_ids(self.train_examples)
         items: list[tuple[Tensor, int]] = []
         for start in tqdm(range(0, len(prompts), self.decode_batch_size), desc="decoding own answers", unit="batch"):
             batch = prompts[start : start + self.decode_batch_size]

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
-from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
+from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule, TaskExamples
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.decoding.diffusion.protocols import Commit, CommitPolicy, StatelessPolicy, StepView
@@ -109,10 +109,10 @@ class TrajectoryDataModule(LightningDataModule):
         self.target = model
         self.tasks.setup("fit")
         train = self.tasks.train
-        assert train is not None
+        assert isinstance(train, TaskExamples)
         eos = self.tasks.tokenizer.eos_token_id
         assert eos is not None
-        prompts = [ids[:n].tolist() for ids, n in (train[i] for i in range(self.examples))]
+        prompts = train.prompt_ids(self.examples)
         parts = []
         for start in tqdm(range(0, len(prompts), self.decode_batch_size), desc="decoding trajectories", unit="batch"):
             batch = prompts[start : start + self.decode_batch_size]

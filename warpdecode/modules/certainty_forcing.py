@@ -22,16 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from warpdecode.decoding.diffusion.layout import answer_blocks, answer_region
 from warpdecode.errors import ConfigError
-from warpdecode.modules.masked_diffusion import MaskedDiffusionLM, answer_region
+from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 
 
-def block_masks(answer: Tensor, prompt_lengths: Tensor, block_length: int,
-                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def block_masks(answer: Tensor, block_length: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Two complementary semi-autoregressive masks, (B, L) bool each (see the module docstring)."""
     B, L = answer.shape
-    relative = torch.arange(L, device=answer.device)[None, :] - prompt_lengths[:, None]  # (B, L)
-    blocks = torch.where(answer, relative // block_length, -1)  # (B, L)
+    blocks = answer_blocks(answer, block_length, -1)  # (B, L)
     count = blocks.amax(1) + 1  # (B,) blocks per answer
     chosen = (torch.rand(B, generator=generator, device=answer.device) * count).long()[:, None]  # (B, 1)
     later = answer & (blocks > chosen)
@@ -73,7 +72,7 @@ class CertaintyForcingLM(MaskedDiffusionLM):
         tokens = batch["tokens"]
         answer, attention = answer_region(batch["prompt_lengths"], batch["lengths"], tokens.shape[1])
         ce_total, entropy_total = tokens.new_zeros((), dtype=torch.float32), tokens.new_zeros((), dtype=torch.float32)
-        for masked in block_masks(answer, batch["prompt_lengths"], self.hparams["block_length"], generator):
+        for masked in block_masks(answer, self.hparams["block_length"], generator):
             logits = self.backbone(tokens.masked_fill(masked, self.mask_token_id), attention_mask=attention).logits
             with torch.autocast(device_type=logits.device.type, enabled=False):
                 logits = logits.float()[masked]  # (N, V)

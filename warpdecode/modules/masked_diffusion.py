@@ -24,21 +24,13 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
+from warpdecode.decoding.diffusion.layout import answer_region
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.decoding.diffusion.policies.threshold import ThresholdCommit
 from warpdecode.errors import ConfigError
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.tokenizer import MASK
 from warpdecode.modules.causal_lm import CausalLM
-
-
-def answer_region(prompt_lengths: Tensor, lengths: Tensor, L: int) -> tuple[Tensor, Tensor]:
-    """(B, L) bool answer positions [prompt, length) and (B, L, L) bool attention over real positions."""
-    index = torch.arange(L, device=lengths.device)[None, :]
-    answer = (index >= prompt_lengths[:, None]) & (index < lengths[:, None])
-    real = index < lengths[:, None]
-    attention = real[:, None, :] | torch.eye(L, dtype=torch.bool, device=lengths.device)[None]
-    return answer, attention
 
 
 def mask_answer(tokens: Tensor, answer: Tensor, mask_token_id: int, min_ratio: float,

@@ -23,6 +23,7 @@ from warpdecode.decoding.diffusion.free_draft import FreeDraftVerify, free_draft
 from warpdecode.decoding.diffusion.layout import (
     DiffusionOutput,
     DiffusionStats,
+    answer_blocks,
     check_diffusion_model,
     layout,
 )
@@ -69,8 +70,7 @@ def diffusion_generate(
     start = time.perf_counter()
     tokens, answer, attention = (t.to(device) for t in layout(prompts, gen_length, mask_token_id, eos_token_id))
     B, L = tokens.shape
-    relative = torch.arange(L, device=device)[None, :] - (answer.long().argmax(1))[:, None]  # (B, L)
-    block = torch.where(answer, relative // block_length, L)  # (B, L) block index of answer positions
+    block = answer_blocks(answer, block_length, L)  # (B, L)
     masked = answer.clone()
     stats = DiffusionStats(steps=[0] * B)
     policy.prepare(model)

@@ -20,6 +20,7 @@ from torch import Tensor
 from warpdecode.decoding.diffusion.layout import (
     DiffusionOutput,
     DiffusionStats,
+    answer_blocks,
     check_diffusion_model,
     layout,
 )
@@ -64,7 +65,7 @@ def free_draft_generate(model: Backbone, prompt: list[int], *, gen_length: int, 
     tokens, answer, attention = (t.to(device) for t in layout([prompt], gen_length, mask_token_id, eos_token_id))
     tokens, answer = tokens[0], answer[0]  # (L,)
     L = tokens.shape[0]
-    block = torch.where(answer, (torch.arange(L, device=device) - len(prompt)) // block_length, L)  # (L,)
+    block = answer_blocks(answer, block_length, L)  # (L,)
     stats = DiffusionStats(steps=[0])
 
     def forward(states: Tensor) -> tuple[Tensor, Tensor]:

@@ -51,12 +51,29 @@ def layout(prompts: list[list[int]], gen_length: int, mask_token_id: int, pad_to
         raise ConfigError("every prompt needs at least one token")
     lengths = torch.tensor([len(p) for p in prompts])
     L = int(lengths.max()) + gen_length
-    index = torch.arange(L)[None, :]  # (1, L)
     tokens = torch.full((len(prompts), L), pad_token_id, dtype=torch.int64)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = torch.tensor(prompt)
-    answer = (index >= lengths[:, None]) & (index < lengths[:, None] + gen_length)  # (B, L)
+    answer, attention = answer_region(lengths, lengths + gen_length, L)
     tokens[answer] = mask_token_id
-    real = index < lengths[:, None] + gen_length  # (B, L)
-    attention = real[:, None, :] | torch.eye(L, dtype=torch.bool)[None]  # (B, L, L)
     return tokens, answer, attention
+
+
+def answer_region(prompt_lengths: Tensor, lengths: Tensor, L: int) -> tuple[Tensor, Tensor]:
+    """Rows of `lengths` real tokens (B,), the answer after `prompt_lengths` (B,), padded to L.
+
+    Returns:
+        answer (B, L) bool (positions [prompt length, length)), attention (B, L, L) bool (every
+        position sees every real position; a padding position is seen only by itself).
+    """
+    index = torch.arange(L, device=lengths.device)[None, :]
+    answer = (index >= prompt_lengths[:, None]) & (index < lengths[:, None])
+    real = index < lengths[:, None]
+    attention = real[:, None, :] | torch.eye(L, dtype=torch.bool, device=lengths.device)[None]
+    return answer, attention
+
+
+def answer_blocks(answer: Tensor, block_length: int, fill: int) -> Tensor:
+    """(B, L) bool answer region → (B, L) int64 block index of every answer position, `fill` elsewhere."""
+    relative = torch.arange(answer.shape[-1], device=answer.device) - answer.long().argmax(-1, keepdim=True)
+    return torch.where(answer, relative // block_length, fill)

@@ -67,7 +67,7 @@ class StatelessPolicy:
     """Base of policies that need no model check and keep nothing between steps."""
 
     def prepare(self, model: Backbone) -> None:
-        pass
+        """Nothing ties these policies to one model."""
 
     def reset(self, batch: int, length: int) -> None:
-        pass
+        """Nothing carries over from one step to the next."""
