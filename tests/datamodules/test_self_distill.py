@@ -251,7 +251,7 @@ def test_builtin_sources_use_train_splits_only(monkeypatch):
     assert not files & {key for key, _ in held_out_stdlib_files()}
     assert all(p.messages[0][1].startswith("Write a Python ") for p in stdlib)
 
-    monkeypatch.setattr(self_distill, "stdlib_docstring_prompts", lambda: list(stdlib))  # parsed once: 5 s
+    monkeypatch.setitem(self_distill.SOURCES, "stdlib_docstrings", lambda: list(stdlib))  # parsed once: 5 s
     mixed = load_prompts(["gsm8k_train", "stdlib_docstrings"], max_prompts=6, seed=0)
     assert [p.id.split("/")[0] for p in mixed] == ["gsm8k_train", "stdlib"] * 3
     assert mixed == load_prompts(["gsm8k_train", "stdlib_docstrings"], max_prompts=6, seed=0)

@@ -30,7 +30,6 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -46,6 +45,9 @@ from tqdm.auto import tqdm
 from warpdecode.bench.prompts import dataset_file
 from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader
 from warpdecode.datamodules.corpus import read_jsonl, split_of, stdlib_split_files
+from warpdecode.datamodules.instructions import INSTRUCTION_SOURCES
+from warpdecode.datamodules.instructions import source_stamp as instruction_stamp
+from warpdecode.datamodules.prompt import DistillPrompt
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import encode_prompt, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -56,25 +58,10 @@ from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
 
-SOURCES = ("gsm8k_train", "stdlib_docstrings")
-"""Built-in prompt sources; any other source is a path to a `.jsonl` file."""
 CACHE_VERSION = 1
 DOCSTRING_MIN_CHARS = 24
 """Shorter first paragraphs ("Return x.") say too little to write a function from."""
 STATS = ("examples", "prompt_tokens", "answer_tokens", "generation_seconds", "skipped_prompts")
-
-
-@dataclass(frozen=True)
-class DistillPrompt:
-    id: str
-    """Where the prompt comes from, e.g. `gsm8k_train/17` or `stdlib/json/decoder.py:33:py_scanstring`."""
-    messages: tuple[tuple[str, str], ...]
-    """(role, content) turns ending with a user turn; a plain prompt is one user turn."""
-
-    @property
-    def key(self) -> str:
-        """The prompt text that decides its train/val split."""
-        return json.dumps(self.messages)
 
 
 def encode(tokenizer: Tokenizer, prompt: DistillPrompt) -> list[int]:
@@ -139,6 +126,14 @@ def stdlib_docstring_prompts() -> list[DistillPrompt]:
             for prompt in docstring_prompts(key, path.read_text(encoding="utf-8", errors="replace"))]
 
 
+SOURCES: dict[str, Callable[[], list[DistillPrompt]]] = {
+    "gsm8k_train": gsm8k_train_prompts,
+    "stdlib_docstrings": stdlib_docstring_prompts,
+    **INSTRUCTION_SOURCES,
+}
+"""Built-in prompt sources by name; any other source is a path to a `.jsonl` file."""
+
+
 def _messages(record: Any, where: str) -> tuple[tuple[str, str], ...]:
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
         return (("user", record["prompt"]),)
@@ -175,7 +170,7 @@ def load_prompts(sources: list[str], max_prompts: int, seed: int) -> list[Distil
     for source in sources:
         check_source(source)
         if source in SOURCES:
-            prompts = gsm8k_train_prompts() if source == "gsm8k_train" else stdlib_docstring_prompts()
+            prompts = SOURCES[source]()
             random.Random(f"{seed}:{source}").shuffle(prompts)
         else:
             prompts = jsonl_prompts(Path(source))
@@ -204,6 +199,8 @@ def _source_stamp(source: str) -> list[Any]:
         return _stamp(dataset_file("gsm8k/train.jsonl"))
     if source == "stdlib_docstrings":
         return [source, sys.version, sysconfig.get_paths()["stdlib"]]
+    if source in INSTRUCTION_SOURCES:
+        return instruction_stamp(source)
     return _stamp(Path(source))
 
 
@@ -324,7 +321,7 @@ class SelfDistillDataModule(LightningDataModule):
     def __init__(
         self,
         target: str = "smollm2-135m-instruct",
-        prompts: Sequence[str] = SOURCES,
+        prompts: Sequence[str] = tuple(SOURCES),
         max_prompts: int = 1024,
         max_new_tokens: int = 192,
         generation_batch_size: int = 32,
@@ -342,8 +339,10 @@ class SelfDistillDataModule(LightningDataModule):
             target: The model whose answers to learn: a model name, a model directory or a `.gguf` file.
             prompts: Prompt sources, interleaved: `gsm8k_train` (GSM8K train questions),
                 `stdlib_docstrings` ("Write a Python function ..." from the docstrings of the train
-                split of the stdlib corpus), or paths to `.jsonl` files whose lines are
-                {"prompt": str} or {"messages": [{"role": str, "content": str}, ...]}.
+                split of the stdlib corpus), the instruction sources of
+                `warpdecode.datamodules.instructions` (`summarize`, `context_qa`, `extract`,
+                `translate_de`, `writing`, `roleplay`, `explain`), or paths to `.jsonl` files whose
+                lines are {"prompt": str} or {"messages": [{"role": str, "content": str}, ...]}.
             max_prompts: Use at most this many prompts.
             max_new_tokens: Answer length limit; an answer also ends at the target's stop tokens.
             generation_batch_size: Prompts decoded together; also the unit of the resumable cache.
