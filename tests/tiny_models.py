@@ -149,3 +149,19 @@ def oracle_heads_package(directory, kind: str) -> tuple[Transformer, str]:
     package = DrafterPackage(kind, DrafterPackage.describe_target(target, "oracle"), config, net.trainable_state(),
                              tree)
     return target, str(package.save(directory))
+
+
+def acceptance_head_package(target: Transformer, directory, *, bias: float | None = None, seed: int = 0) -> str:
+    """An untrained SpecDec++ acceptance head package for `target`: random weights, or, with `bias`,
+    a head whose every prediction is sigmoid(bias) (0 weights in the last layer)."""
+    from warpdecode.models.acceptance_head import AcceptanceHead
+    from warpdecode.models.drafter_package import DrafterPackage
+
+    torch.manual_seed(seed)
+    head = AcceptanceHead(target.config.d_model, hidden=16)
+    if bias is not None:
+        torch.nn.init.zeros_(head.net[-1].weight)
+        torch.nn.init.constant_(head.net[-1].bias, bias)
+    package = DrafterPackage("acceptance_head", DrafterPackage.describe_target(target, "tiny"),
+                             {"d_model": target.config.d_model, "hidden": 16}, head.state_dict())
+    return str(package.save(directory))

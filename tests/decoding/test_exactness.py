@@ -10,6 +10,7 @@ import pytest
 import torch
 from tiny_models import (
     DRAFTER_OPTIONS,
+    acceptance_head_package,
     eagle_package,
     greedy_target,
     heads_package,
@@ -155,6 +156,7 @@ def tiny_vocab_packages(tmp_path_factory):
     packages = {"eagle": eagle_package(model, root / "eagle", std=0.8)}
     for kind in ("medusa", "hydra"):
         packages[kind] = heads_package(model, root / kind, kind)
+    packages["acceptance_head"] = acceptance_head_package(model, root / "acceptance_head", seed=2)
     return packages
 
 
@@ -166,13 +168,14 @@ def tiny_vocab_packages(tmp_path_factory):
     ("draft_model", TREE_OPTIONS, "spectr"),
     ("token_recycling", {"num_nodes": 2}, None),
     ("int4_self", {"num_tokens": 2}, None),
+    ("int4_self", {"num_tokens": 2, "acceptance_head": "package"}, None),
     ("adaptive_ngram", {"num_nodes": 2}, None),
     ("fused", {"num_nodes": 2}, None),
     ("eagle", {}, None),
     ("medusa", {}, None),
     ("hydra", {}, None),
 ], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
-        "draft_model-tree-spectr", "token_recycling", "int4_self", "adaptive_ngram", "fused", "eagle", "medusa",
+        "draft_model-tree-spectr", "token_recycling", "int4_self", "int4_self-specdec++", "adaptive_ngram", "fused", "eagle", "medusa",
         "hydra"])
 def test_engine_sampling_matches_target_distribution(name, options, verifier, tiny_vocab_packages, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
@@ -181,6 +184,8 @@ def test_engine_sampling_matches_target_distribution(name, options, verifier, ti
     prompt = [1, 2, 1, 2, 1]
     if name in tiny_vocab_packages:
         options = options | {"path": tiny_vocab_packages[name]}
+    if options.get("acceptance_head") == "package":
+        options = options | {"acceptance_head": tiny_vocab_packages["acceptance_head"]}
     method = build_method(name, do_sample=True, options=options, verifier=verifier)
     pairs = []
     for seed in range(3000):

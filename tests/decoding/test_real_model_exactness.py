@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import eagle_package, heads_package
+from tiny_models import acceptance_head_package, eagle_package, heads_package
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, encode_prompt, generate
@@ -52,13 +52,17 @@ def learned_drafters(smollm2, tmp_path_factory):
     REAL_OPTIONS["eagle"] = {"path": eagle_package(smollm2.model, root / "eagle")}
     for kind in ("medusa", "hydra"):
         REAL_OPTIONS[kind] = {"path": heads_package(smollm2.model, root / kind, kind)}
+    ACCEPTANCE_HEAD["acceptance_head"] = acceptance_head_package(smollm2.model, root / "acceptance_head")
     yield
     for kind in ("eagle", "medusa", "hydra"):
         del REAL_OPTIONS[kind]
 
 
+ACCEPTANCE_HEAD: dict[str, object] = {"num_tokens": 10}
+"""int4_self with an (untrained) SpecDec++ acceptance head; the package path is filled in by the fixture."""
 CASES = [(n, None) for n in registry.names("drafter") if n != "none"] + [
     ("int4_self", {"num_nodes": 8, "top_k": 2}),  # a DySpec dynamic tree
+    ("int4_self", ACCEPTANCE_HEAD),
 ]
 
 

@@ -397,7 +397,7 @@ class SelfDistillDataModule(LightningDataModule):
             "features": self.features,
         })
 
-    def _data_dir(self) -> Path:
+    def data_dir(self) -> Path:
         """The finished data folder of this configuration, regenerating whatever it lacks."""
         run = self.cache_dir / "runs" / f"{self._run_key()}.json"
         if run.is_file():
@@ -458,12 +458,12 @@ class SelfDistillDataModule(LightningDataModule):
 
     def prepare_data(self) -> None:
         """Runs on one process per node before `setup`: regenerates the answers on a cache miss."""
-        self._data_dir()
+        self.data_dir()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        directory = self._data_dir()
+        directory = self.data_dir()
         done = json.loads((directory / "done.json").read_text())
         splits: dict[str, list[Example]] = {"train": [], "val": []}
         for name in done["chunks"]:

@@ -24,12 +24,14 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from warpdecode.datamodules.acceptance import AcceptanceDataModule
 from warpdecode.datamodules.corpus import CorpusDataModule
 from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.datamodules.trajectories import TrajectoryDataModule
 from warpdecode.errors import WarpdecodeError
+from warpdecode.modules.acceptance import AcceptanceHeadModule
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.certainty_forcing import CertaintyForcingLM
 from warpdecode.modules.eagle import EagleDrafter
@@ -38,7 +40,7 @@ from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (CausalLM, CertaintyForcingLM, CorpusDataModule, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
+REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CorpusDataModule, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
               MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, SelfDecodedTasksDataModule,
               SelfDistillDataModule, TrajectoryDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")

@@ -25,7 +25,7 @@ from warpdecode.datamodules.trajectories import TrajectoryDataModule
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.parallel_filter import ParallelFilter
-from warpdecode.modules.run_outputs import output_dir
+from warpdecode.modules.run_outputs import last_logged, output_dir
 
 
 class ParallelFilterModule(LightningModule):
@@ -92,10 +92,7 @@ class ParallelFilterModule(LightningModule):
         training: dict[str, Any] = {"optimizer_steps": self.global_step, "samples": datamodule.stats.get("samples"),
                                     "final_share": datamodule.stats.get("final_share"),
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
-        for key in ("val/precision", "val/recall", "val/loss"):
-            value = self.trainer.callback_metrics.get(key)
-            if value is not None:
-                training[key.split("/")[1]] = round(float(value), 4)
+        training.update(last_logged(self.trainer, ("val/precision", "val/recall", "val/loss")))
         target = DrafterPackage.describe_target(datamodule.target, datamodule.model_source)
         config = {"block_length": self.hparams["block_length"], "hidden": self.hparams["hidden"]}
         weights = {k: v.detach().float() for k, v in self.filter.state_dict().items()}

@@ -14,3 +14,10 @@ def output_dir(trainer: Trainer, export_dir: str | None, name: str) -> Path:
     dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
     root = Path(dirpath).parent if dirpath else Path(trainer.default_root_dir)
     return root / name
+
+
+def last_logged(trainer: Trainer, keys: tuple[str, ...]) -> dict[str, float]:
+    """The last logged value of each of `keys` that was logged ("val/loss" → "loss"), rounded, for
+    the `training` record a package keeps."""
+    found = {key: trainer.callback_metrics.get(key) for key in keys}
+    return {key.split("/")[-1]: round(float(value), 4) for key, value in found.items() if value is not None}

@@ -8,6 +8,12 @@ or 1/4 of the fp32 linear weights in memory plus an int8 LM head (embeddings and
 with the target); built once per target. Drafting is the draft model's (`draft_model.py`);
 optionally only the first `layers` blocks are kept (layer skip).
 
+With `acceptance_head` (SpecDec++, a head trained with `configs/controls/specdec-pp.yaml`) the chain
+has no fixed length: after each drafted token the head predicts the probability that the target
+accepts it (given the earlier ones accepted), and drafting stops once the predicted probability
+that some token of the chain is rejected, 1 − Π p_i, exceeds `stop_threshold`, or at `num_tokens`.
+The decision reads only the drafter's own state, so every lossless verifier stays lossless.
+
 Because the draft has the target's architecture, its KV cache is copied from the target's
 instead of being computed: the draft never prefills the prompt, and every committed position
 holds the target's exact keys and values, which raises acceptance. Only the pending token and the
@@ -18,11 +24,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers, propose_children
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
+from warpdecode.errors import ConfigError
+from warpdecode.models.acceptance_head import AcceptanceHead, draft_signals
 from warpdecode.models.cache import KVCache
+from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.quantized import Bits, quantized_copy
 from warpdecode.models.backbone import Backbone
 
@@ -31,15 +43,26 @@ class QuantizedSelfDraft(DraftModel):
     bits: ClassVar[Bits]
 
     def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None,
-                 num_nodes: int | None = None) -> None:
+                 num_nodes: int | None = None, acceptance_head: str | None = None,
+                 stop_threshold: float = 0.5) -> None:
         """Args:
-        num_tokens: draft depth per step (the chain length when `top_k=1`).
+        num_tokens: draft depth per step (the chain length when `top_k=1`; the longest chain with
+            `acceptance_head`).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         layers: keep only the target's first `layers` blocks in the quantised draft (default: all).
         num_nodes: grow a dynamic tree of this many nodes instead (DySpec; greedy decoding only).
+        acceptance_head: a SpecDec++ acceptance head package: draft a chain until a rejection is likely.
+        stop_threshold: with `acceptance_head`, stop once P(some drafted token is rejected) exceeds this.
         """
         self.model_source, self.layers = None, None
         self.init_drafting(num_tokens, top_k, num_nodes=num_nodes)
+        if acceptance_head is not None and (top_k != 1 or num_nodes is not None or layers is not None):
+            raise ConfigError(f"{self.name} acceptance_head stops a chain of the full quantised copy; "
+                              "it takes neither top_k, num_nodes nor layers")
+        if not 0 < stop_threshold < 1:
+            raise ConfigError(f"{self.name} stop_threshold must be in (0, 1), got {stop_threshold}")
+        self.head_path, self.stop_threshold = acceptance_head, stop_threshold
+        self.head: AcceptanceHead | None = None
         self.keep_layers = layers
         self.source: Backbone | None = None
         self.synced = 0
@@ -51,6 +74,7 @@ class QuantizedSelfDraft(DraftModel):
             source = weights if self.keep_layers is None else first_layers(weights, self.keep_layers)
             self.draft = quantized_copy(source, self.bits)
             self.source = target
+            self.head = None if self.head_path is None else load_acceptance_head(self.head_path, target)
 
     def start(self, state: DecodeState) -> None:
         super().start(state)
@@ -58,7 +82,43 @@ class QuantizedSelfDraft(DraftModel):
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         self.sync_cache(state.cache)
-        return super().propose(state, budget)
+        if self.head is None:
+            return super().propose(state, budget)
+        return self.propose_until_rejection_likely(state, budget)
+
+    @torch.inference_mode()
+    def propose_until_rejection_likely(self, state: DecodeState, budget: int) -> DraftTree:
+        """A chain of up to min(budget, num_tokens) tokens, stopped by the acceptance head (SpecDec++)."""
+        assert self.draft is not None and self.cache is not None and self.head is not None
+        limit = min(budget, self.num_tokens)
+        if limit < 1:
+            return DraftTree.empty()
+        feed = state.tokens[int(self.cache.lengths[0]) :]  # committed tokens the draft has not run, pending last
+        tokens: list[int] = []
+        probs: list[Tensor] = []
+        all_accepted = 1.0
+        while True:
+            logits, hidden = self.run_draft_with_state(feed)
+            (token,), q = propose_children(logits, 1, state.sampler)
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            all_accepted *= float(self.head(hidden, draft_signals(logits)).sigmoid())
+            if len(tokens) == limit or 1 - all_accepted > self.stop_threshold:
+                break
+            self.fed.append(token)
+            feed = [token]
+        parents = torch.arange(-1, len(tokens) - 1)
+        return DraftTree(torch.tensor(tokens), parents, torch.cat(probs) if probs else None)
+
+    def run_draft_with_state(self, tokens: list[int]) -> tuple[Tensor, Tensor]:
+        """Feed `tokens` after the draft's cached positions: (1, V) logits and (1, C) final normed
+        hidden state after the last one."""
+        assert self.draft is not None and self.cache is not None
+        L = self.draft.config.n_layer
+        out = self.draft(torch.tensor([tokens], device=self.draft.embed.weight.device), cache=self.cache,
+                         hidden_layers=(L,), logits_slice=slice(-1, None))
+        return out.logits[0], out.hidden_states[L][0, -1:]
 
     def sync_cache(self, target_cache: KVCache) -> None:
         """Copy the target's keys/values of the committed positions the draft cache lacks."""
@@ -67,6 +127,15 @@ class QuantizedSelfDraft(DraftModel):
         self.cache.copy_from(target_cache, list(range(self.draft.config.n_layer)), self.synced, committed)
         self.synced = committed
         self.fed = []
+
+
+def load_acceptance_head(path: str, target: Backbone) -> AcceptanceHead:
+    """The trained head of an `acceptance_head` package, checked to be trained for `target`."""
+    package = DrafterPackage.load(path, "acceptance_head")
+    package.check_target(target)
+    head = AcceptanceHead(**package.config)
+    head.load_state_dict(package.weights)
+    return head.eval()
 
 
 @register("drafter", "int8_self")
@@ -85,7 +154,8 @@ class Int4SelfDraft(QuantizedSelfDraft):
     bits: ClassVar[Bits] = 4
 
     def __init__(self, num_tokens: int = 6, top_k: int = 1, layers: int | None = None,
-                 num_nodes: int | None = None) -> None:
+                 num_nodes: int | None = None, acceptance_head: str | None = None,
+                 stop_threshold: float = 0.5) -> None:
         """Args as for `int8_self`; a longer default chain, since the int4 draft step is cheaper
         (6 tokens beat 4 on Spec-Bench, docs/benchmarks.md)."""
-        super().__init__(num_tokens, top_k, layers, num_nodes)
+        super().__init__(num_tokens, top_k, layers, num_nodes, acceptance_head, stop_threshold)
