@@ -75,12 +75,12 @@ def test_results_markdown_table(bench_out):
     text = (bench_out / "results.md").read_text()
     lines = text.splitlines()
     header = ("| method | tok/s | speedup | median speedup | τ | τ w/o bonus | α | TTFT ms | peak MiB | identical "
-              "| vs transformers |")
+              "| agreement | vs transformers |")
     assert lines.count(header) == 1
     rows = {line.split(" | ")[0]: line.split(" | ") for line in lines[lines.index(header) + 2:] if line.startswith("| `")}
     assert list(rows) == [f"| `{label}`" for label in METHODS + PEERS]
     assert rows["| `none`"][2:5] == ["1.00x", "1.00x", "1.00"] and rows["| `none`"][6] == "–"
-    assert all(rows[f"| `{label}`"][9] == "yes" for label in METHODS)
+    assert all(rows[f"| `{label}`"][9] == "yes" and rows[f"| `{label}`"][10] == "–" for label in METHODS)
     assert rows["| `transformers`"][-1] == "1.00x |"
     assert "--methods none,prompt_lookup:num_tokens=4,draft_model:layers=1:num_tokens=3" in text
     assert "| **all** | 10 |" in text and "prompt(s) skipped" in text

@@ -50,3 +50,35 @@ def test_typical_accepts_likely_tokens_and_stops_at_unlikely():
     logits[2, 1] = 5.0
     result = TypicalAcceptance().accept(tree, logits, Sampler(SamplingConfig()))
     assert result.path == [0] and result.tokens == [2, 4]
+
+
+def test_trust_accepts_the_whole_chain_and_counts_what_the_target_would_not_choose():
+    from warpdecode.decoding.verifiers.trust import trust_accept
+
+    tree = DraftTree.chain([3, 4, 5])
+    sampler = Sampler(SamplingConfig())
+    result = trust_accept(tree, argmax_logits([3, 9, 5, 11]), sampler)  # the target would write 9, not 4
+    assert result.path == [0, 1, 2] and result.tokens == [3, 4, 5, 11] and result.divergent == 1
+    empty = trust_accept(DraftTree.empty(), argmax_logits([7]), sampler)
+    assert empty.tokens == [7] and empty.divergent == 0
+
+
+def test_trust_refuses_trees():
+    import pytest
+
+    from warpdecode.decoding.verifiers.trust import trust_accept
+    from warpdecode.errors import CapabilityError
+
+    tree = DraftTree(torch.tensor([3, 5]), torch.tensor([-1, -1]))
+    with pytest.raises(CapabilityError, match="chains only"):
+        trust_accept(tree, argmax_logits([3, 0, 0]), Sampler(SamplingConfig()))
+
+
+def test_typical_counts_accepted_tokens_off_the_target_argmax():
+    tree = DraftTree.chain([3, 4])
+    probs_rows = torch.full((3, V), 0.01)
+    probs_rows[0, 3], probs_rows[0, 2] = 0.3, 0.55  # 3 is likely enough to pass, but 2 is the argmax
+    probs_rows[1, 4] = 0.85
+    logits = probs_rows.log()
+    result = TypicalAcceptance(epsilon=0.09, delta=0.3).accept(tree, logits, Sampler(SamplingConfig()))
+    assert result.path == [0, 1] and result.divergent == 1

@@ -128,6 +128,9 @@ class Measurement:
     identical: bool | None
     """Token-identical to `none` on this prompt; None when sampling."""
     token_ids: list[int]
+    divergent: int | None = None
+    """Emitted tokens the target's argmax disagreed with (`DecodeStats.divergent_tokens`); lossy
+    verifiers only."""
 
 
 @dataclass
@@ -157,6 +160,9 @@ class Aggregate:
     """Largest over the prompts."""
     identical: int | None
     """Prompts whose output equals `none`'s (None when sampling)."""
+    agreement: float | None = None
+    """Lossy verifiers at temperature 0: the share of new tokens that are the target's own greedy
+    choice after the emitted prefix (1 − divergent / new tokens)."""
 
 
 @dataclass
@@ -225,8 +231,16 @@ def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categ
                 time_to_first_token=sum(m.time_to_first_token or 0.0 for m in ms) / len(ms) if ours and ms else None,
                 peak_rss_mib=max(peaks) if peaks else None,
                 identical=None if sampling else sum(bool(m.identical) for m in ms),
+                agreement=(agreement(ms) if ours and not row.lossless and row.backend not in LOSSY_BACKENDS and not sampling
+                           else None),
             ))
     return out
+
+
+def agreement(ms: list[Measurement]) -> float | None:
+    """1 − divergent / new tokens over `ms` (None when nothing was generated)."""
+    new = sum(m.new_tokens for m in ms)
+    return 1 - sum(m.divergent or 0 for m in ms) / new if new else None
 
 
 def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -321,13 +335,14 @@ def run_bench(
                 s = out.stats
                 tokens, seconds, ttft, draft = out.token_ids, s.seconds, s.time_to_first_token, s.draft_seconds
                 forwards, accepted, proposed = s.target_forwards, sum(s.accepted_per_step), sum(s.proposed_per_step)
+                divergent: int | None = s.divergent_tokens
             else:
                 peer = peer_models[row.label].generate(ids, max_new, do_sample=sampling, seed=seed, temperature=temperature,
                                                        top_k=config.top_k, top_p=config.top_p)
                 tokens, seconds, ttft, draft = peer.token_ids, peer.seconds, None, None
-                forwards, accepted, proposed = None, None, None
+                forwards, accepted, proposed, divergent = None, None, None, None
         return Measurement(row.label, "", "", len(ids), len(tokens), seconds, ttft, forwards, accepted, proposed,
-                           draft, peak.mib, None, tokens)
+                           draft, peak.mib, None, tokens, divergent)
 
     if config.warmup_tokens:
         for row in rows:

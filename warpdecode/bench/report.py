@@ -9,7 +9,7 @@ from warpdecode.bench.harness import ALL, Aggregate, BenchConfig, BenchResult, M
 
 NA = "–"
 COLUMNS = ("method", "tok/s", "speedup", "median speedup", "τ", "τ w/o bonus", "α", "TTFT ms", "peak MiB", "identical",
-           "vs transformers")
+           "agreement", "vs transformers")
 
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
@@ -28,14 +28,15 @@ def identical_cell(a: Aggregate) -> str:
 
 def overall_table(result: BenchResult, category: str = ALL) -> str:
     """One markdown row per method and peer over the prompts of `category` (default: all)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 3) + ":---:|---:|"]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 4) + ":---:|---:|---:|"]
     for row in result.rows:
         a = result.aggregate(row.label, category)
         ttft = None if a.time_to_first_token is None else a.time_to_first_token * 1000
         cells = [f"`{row.label}`", _num(a.tokens_per_second, ".1f"), _num(a.speedup, ".2f", "x"),
                  _num(a.median_speedup, ".2f", "x"), _num(a.tau, ".2f"),
                  _num(a.tau_without_bonus, ".2f"), _num(a.acceptance_rate, ".2f"), _num(ttft, ".0f"),
-                 _num(a.peak_rss_mib, ".0f"), identical_cell(a), _num(a.speedup_vs_transformers, ".2f", "x")]
+                 _num(a.peak_rss_mib, ".0f"), identical_cell(a),
+                 _num(None if a.agreement is None else 100 * a.agreement, ".1f", " %"), _num(a.speedup_vs_transformers, ".2f", "x")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -82,7 +83,8 @@ Tokens/s = total new tokens / total seconds; speedup = that over `none`'s in thi
 median speedup = median over prompts of the per-prompt ratio (robust to a burst of machine noise);
 τ, α summed over all verify forwards; TTFT = mean time to first token; peak MiB = largest RSS rise
 during one generation; identical = output equals `none`'s token for token (n/a when sampling);
-vs transformers = speedup over transformers' own greedy `generate()` in this run. Definitions:
+agreement (lossy rows) = share of new tokens that are the target's own greedy choice after the emitted
+prefix; vs transformers = speedup over transformers' own greedy `generate()` in this run. Definitions:
 docs/metrics.md.
 
 {overall_table(result)}

@@ -106,6 +106,7 @@ def run(
         stats.target_forwards += 1
         stats.accepted_per_step.append(len(result.path))
         stats.proposed_per_step.append(result.proposed)
+        stats.divergent_tokens += result.divergent
         method.drafter.observe(state, result)
         method.controller.observe(result)
         if on_tokens is not None:

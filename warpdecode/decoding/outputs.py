@@ -25,6 +25,8 @@ class DecodeStats:
     """Draft tokens accepted at each verify forward (the bonus token not included)."""
     proposed_per_step: list[int] = field(default_factory=list)
     """Draft tokens that could have been accepted at each verify forward (the draft tree's depth)."""
+    divergent_tokens: int = 0
+    """Emitted draft tokens the target's argmax disagreed with (lossy verifiers: `trust`, `typical`)."""
 
     @property
     def tokens_per_second(self) -> float:

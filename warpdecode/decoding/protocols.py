@@ -54,14 +54,17 @@ class AcceptResult:
     """The accepted draft tokens followed by the bonus token (len(path) + 1 tokens)."""
     proposed: int
     """Draft tokens that could have been accepted this step (the tree's depth)."""
+    divergent: int = 0
+    """Accepted draft tokens the target's argmax disagrees with (lossy verifiers; 0 for lossless ones
+    at temperature 0)."""
 
     @property
     def bonus(self) -> int:
         return self.tokens[-1]
 
     @classmethod
-    def from_path(cls, tree: DraftTree, path: list[int], bonus: int) -> AcceptResult:
-        return cls(path, [int(tree.tokens[c]) for c in path] + [bonus], proposed=tree.depth)
+    def from_path(cls, tree: DraftTree, path: list[int], bonus: int, divergent: int = 0) -> AcceptResult:
+        return cls(path, [int(tree.tokens[c]) for c in path] + [bonus], proposed=tree.depth, divergent=divergent)
 
 
 class Drafter(Protocol):

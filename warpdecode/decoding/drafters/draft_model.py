@@ -41,9 +41,9 @@ from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.checkpoint import load_pretrained
-from warpdecode.models.backbone import Backbone
 from warpdecode.models.transformer import Transformer
 
 

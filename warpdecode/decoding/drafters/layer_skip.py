@@ -28,9 +28,9 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.quantized import quantized_copy
-from warpdecode.models.backbone import Backbone
 from warpdecode.models.transformer import Transformer
 
 

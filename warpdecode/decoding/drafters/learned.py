@@ -25,9 +25,9 @@ from torch import Tensor
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import RankPath, chain
 from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.backbone import Backbone
 
 NetT = TypeVar("NetT", bound=DraftVocabNet)
 

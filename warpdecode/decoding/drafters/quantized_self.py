@@ -8,11 +8,14 @@ or 1/4 of the fp32 linear weights in memory plus an int8 LM head (embeddings and
 with the target); built once per target. Drafting is the draft model's (`draft_model.py`);
 optionally only the first `layers` blocks are kept (layer skip).
 
-With `acceptance_head` (SpecDec++, a head trained with `configs/controls/specdec-pp.yaml`) the chain
-has no fixed length: after each drafted token the head predicts the probability that the target
-accepts it (given the earlier ones accepted), and drafting stops once the predicted probability
-that some token of the chain is rejected, 1 − Π p_i, exceeds `stop_threshold`, or at `num_tokens`.
-The decision reads only the drafter's own state, so every lossless verifier stays lossless.
+With a stop rule (`stop=`, `chain_stop.py`) the chain has no fixed length, at most `num_tokens`:
+`acceptance` (SpecDec++, the default with `acceptance_head`, a head trained with
+`configs/controls/specdec-pp.yaml`) stops once the predicted probability that some token of the chain
+is rejected exceeds `stop_threshold`; `entropy` drafts while the rolling entropy of the draft stays low;
+`router` drafts while the head predicts each token accepted. The rules read only the drafter's own
+state, so every lossless verifier stays lossless. With the lossy `trust` verifier they become Entropy
+Adaptive Decoding (`stop=entropy`) and its learned router (`stop=router`): the int4 copy writes the
+tokens it is sure of, unverified, and the fp32 model writes the rest.
 
 Because the draft has the target's architecture, its KV cache is copied from the target's
 instead of being computed: the draft never prefills the prompt, and every committed position
@@ -27,16 +30,17 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.drafters.chain_stop import StopRule, build_stop_rule, check_stop_options
 from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers, propose_children
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.acceptance_head import AcceptanceHead, draft_signals
+from warpdecode.models.acceptance_head import AcceptanceHead
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.quantized import Bits, quantized_copy
-from warpdecode.models.backbone import Backbone
 
 
 class QuantizedSelfDraft(DraftModel):
@@ -44,25 +48,35 @@ class QuantizedSelfDraft(DraftModel):
 
     def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None,
                  num_nodes: int | None = None, acceptance_head: str | None = None,
-                 stop_threshold: float = 0.5) -> None:
+                 stop: str | None = None, stop_threshold: float | None = None, entropy_window: int = 4) -> None:
         """Args:
-        num_tokens: draft depth per step (the chain length when `top_k=1`; the longest chain with
-            `acceptance_head`).
+        num_tokens: draft depth per step (the chain length when `top_k=1`; the longest chain with a
+            stop rule).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         layers: keep only the target's first `layers` blocks in the quantised draft (default: all).
         num_nodes: grow a dynamic tree of this many nodes instead (DySpec; greedy decoding only).
-        acceptance_head: a SpecDec++ acceptance head package: draft a chain until a rejection is likely.
-        stop_threshold: with `acceptance_head`, stop once P(some drafted token is rejected) exceeds this.
+        acceptance_head: a SpecDec++ acceptance head package (for `stop=acceptance` or `stop=router`).
+        stop: the chain's stop rule: `acceptance` (the default with `acceptance_head`), `router` or
+            `entropy`; none: a fixed `num_tokens` chain.
+        stop_threshold: the rule's threshold: P(some drafted token is rejected) for `acceptance`
+            (default 0.5), the least predicted acceptance of a token for `router` (0.5), the largest
+            rolling mean entropy in nats for `entropy` (1.0).
+        entropy_window: drafted positions in the rolling entropy of `stop=entropy`.
         """
         self.model_source, self.layers = None, None
         self.init_drafting(num_tokens, top_k, num_nodes=num_nodes)
-        if acceptance_head is not None and (top_k != 1 or num_nodes is not None or layers is not None):
-            raise ConfigError(f"{self.name} acceptance_head stops a chain of the full quantised copy; "
-                              "it takes neither top_k, num_nodes nor layers")
-        if not 0 < stop_threshold < 1:
-            raise ConfigError(f"{self.name} stop_threshold must be in (0, 1), got {stop_threshold}")
-        self.head_path, self.stop_threshold = acceptance_head, stop_threshold
-        self.head: AcceptanceHead | None = None
+        self.stop = stop or ("acceptance" if acceptance_head is not None else None)
+        if self.stop is None:
+            if stop_threshold is not None:
+                raise ConfigError(f"{self.name} stop_threshold needs a stop rule (stop= or acceptance_head=)")
+        else:
+            if top_k != 1 or num_nodes is not None or layers is not None:
+                raise ConfigError(f"{self.name} stop={self.stop} stops a chain of the full quantised copy; "
+                                  "it takes neither top_k, num_nodes nor layers")
+            stop_threshold = check_stop_options(self.stop, stop_threshold, entropy_window,
+                                                acceptance_head is not None, self.name)
+        self.head_path, self.stop_threshold, self.entropy_window = acceptance_head, stop_threshold, entropy_window
+        self.rule: StopRule | None = None
         self.keep_layers = layers
         self.source: Backbone | None = None
         self.synced = 0
@@ -74,40 +88,49 @@ class QuantizedSelfDraft(DraftModel):
             source = weights if self.keep_layers is None else first_layers(weights, self.keep_layers)
             self.draft = quantized_copy(source, self.bits)
             self.source = target
-            self.head = None if self.head_path is None else load_acceptance_head(self.head_path, target)
+            if self.stop is not None:
+                assert self.stop_threshold is not None
+                head = None if self.head_path is None else load_acceptance_head(self.head_path, target)
+                self.rule = build_stop_rule(self.stop, self.stop_threshold, self.entropy_window, head)
 
     def start(self, state: DecodeState) -> None:
         super().start(state)
         self.synced = 0
+        if self.rule is not None:
+            self.rule.start_request()
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         self.sync_cache(state.cache)
-        if self.head is None:
+        if self.rule is None:
             return super().propose(state, budget)
-        return self.propose_until_rejection_likely(state, budget)
+        return self.propose_until_stop(state, budget, self.rule)
 
     @torch.inference_mode()
-    def propose_until_rejection_likely(self, state: DecodeState, budget: int) -> DraftTree:
-        """A chain of up to min(budget, num_tokens) tokens, stopped by the acceptance head (SpecDec++)."""
-        assert self.draft is not None and self.cache is not None and self.head is not None
+    def propose_until_stop(self, state: DecodeState, budget: int, rule: StopRule) -> DraftTree:
+        """A chain of up to min(budget, num_tokens) tokens, ended by `rule`."""
+        assert self.draft is not None and self.cache is not None
         limit = min(budget, self.num_tokens)
         if limit < 1:
             return DraftTree.empty()
+        rule.start_chain()
         feed = state.tokens[int(self.cache.lengths[0]) :]  # committed tokens the draft has not run, pending last
         tokens: list[int] = []
         probs: list[Tensor] = []
-        all_accepted = 1.0
         while True:
             logits, hidden = self.run_draft_with_state(feed)
+            decision = rule.decide(logits, hidden)
+            if not decision.keep:
+                break
             (token,), q = propose_children(logits, 1, state.sampler)
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-            all_accepted *= float(self.head(hidden, draft_signals(logits)).sigmoid())
-            if len(tokens) == limit or 1 - all_accepted > self.stop_threshold:
+            if len(tokens) == limit or not decision.go_on:
                 break
             self.fed.append(token)
             feed = [token]
+        if not tokens:
+            return DraftTree.empty()
         parents = torch.arange(-1, len(tokens) - 1)
         return DraftTree(torch.tensor(tokens), parents, torch.cat(probs) if probs else None)
 
@@ -155,7 +178,7 @@ class Int4SelfDraft(QuantizedSelfDraft):
 
     def __init__(self, num_tokens: int = 6, top_k: int = 1, layers: int | None = None,
                  num_nodes: int | None = None, acceptance_head: str | None = None,
-                 stop_threshold: float = 0.5) -> None:
+                 stop: str | None = None, stop_threshold: float | None = None, entropy_window: int = 4) -> None:
         """Args as for `int8_self`; a longer default chain, since the int4 draft step is cheaper
         (6 tokens beat 4 on Spec-Bench, docs/benchmarks.md)."""
-        super().__init__(num_tokens, top_k, layers, num_nodes, acceptance_head, stop_threshold)
+        super().__init__(num_tokens, top_k, layers, num_nodes, acceptance_head, stop, stop_threshold, entropy_window)

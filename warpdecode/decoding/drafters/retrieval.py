@@ -28,8 +28,8 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.named import DEFAULT_MODEL
 
 
 @cache

@@ -1,3 +1,9 @@
 """Verifiers: one module each, registered on import."""
 
-from warpdecode.decoding.verifiers import greedy_match, spectr, speculative_sampling, typical_acceptance  # noqa: F401
+from warpdecode.decoding.verifiers import (  # noqa: F401
+    greedy_match,
+    spectr,
+    speculative_sampling,
+    trust,
+    typical_acceptance,
+)

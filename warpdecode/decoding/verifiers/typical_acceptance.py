@@ -61,4 +61,7 @@ class TypicalAcceptance:
         probs = torch.softmax(target_logits.float(), dim=-1)
         path, row = typical_accept(tree, probs, self.epsilon, self.delta)
         bonus = int(sampler.select(target_logits[row : row + 1])[0])
-        return AcceptResult.from_path(tree, path, bonus)
+        rows = [0] + [node + 1 for node in path[:-1]]  # the row each accepted node was judged on
+        chosen = target_logits[rows].argmax(dim=-1).tolist() if path else []
+        divergent = sum(int(tree.tokens[node]) != c for node, c in zip(path, chosen))
+        return AcceptResult.from_path(tree, path, bonus, divergent=divergent)
