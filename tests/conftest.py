@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import DRAFTER_OPTIONS, eagle_package, greedy_target, heads_package
+from tiny_models import DRAFTER_OPTIONS, eagle_package, greedy_target, heads_package, layer_router_package
 
 from warpdecode.models.checkpoint import save_pretrained
 from warpdecode.models.config import ModelConfig
@@ -72,7 +72,9 @@ def drafter_options(tmp_path_factory):
     eagle = eagle_package(greedy_target(), tmp_path_factory.mktemp("eagle") / "drafter")
     heads = {kind: {"path": heads_package(greedy_target(), tmp_path_factory.mktemp(kind) / "drafter", kind)}
              for kind in ("medusa", "hydra")}
-    return {**DRAFTER_OPTIONS, "retrieval": {"corpus": str(path)}, "eagle": {"path": eagle}, **heads}
+    router = layer_router_package(greedy_target(), tmp_path_factory.mktemp("first") / "router", skip=(1,))
+    return {**DRAFTER_OPTIONS, "retrieval": {"corpus": str(path)}, "eagle": {"path": eagle}, **heads,
+            "first": {"router": router}}
 
 
 @pytest.fixture(scope="session")

@@ -165,3 +165,21 @@ def acceptance_head_package(target: Transformer, directory, *, bias: float | Non
     package = DrafterPackage("acceptance_head", DrafterPackage.describe_target(target, "tiny"),
                              {"d_model": target.config.d_model, "hidden": 16}, head.state_dict())
     return str(package.save(directory))
+
+
+def layer_router_package(target: Transformer, directory, *, skip: tuple[int, ...] = (), seed: int | None = None) -> str:
+    """A FiRST layer-router package for `target`: zero weights and biases that skip exactly `skip` on
+    every prompt, or, with `seed`, random weights whose decisions vary with the prompt."""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.layer_router import LayerRouter
+
+    router = LayerRouter(target.config.n_layer, target.config.d_model)
+    with torch.no_grad():
+        router.bias.fill_(6.0)
+        router.bias[list(skip)] = -6.0
+        if seed is not None:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(seed)))
+            router.bias.zero_()
+    config = {"n_layer": target.config.n_layer, "d_model": target.config.d_model, "threshold": 0.5, "max_skip": None}
+    package = DrafterPackage("layer_router", DrafterPackage.describe_target(target, "tiny"), config, router.state_dict())
+    return str(package.save(directory))

@@ -285,6 +285,7 @@ class Transformer(nn.Module):
         hidden_layers: Sequence[int] = (),
         logits_slice: slice | None = None,
         inputs_embeds: Tensor | None = None,
+        layer_gates: Tensor | None = None,
     ) -> BackboneOutput:
         """Run the backbone over `T` new tokens per row.
 
@@ -302,6 +303,8 @@ class Transformer(nn.Module):
                 at prefill).
             inputs_embeds: (B, T, C) block inputs to use instead of the token embeddings (a
                 feature-level drafter feeds its own); `tokens` then only gives the shape.
+            layer_gates: (B, L) soft gate of every block per row: block i adds `gate * (block(x) - x)`
+                (1 runs it, 0 skips it); training of layer routers (FiRST) only.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
@@ -321,6 +324,8 @@ class Transformer(nn.Module):
 
         if inputs_embeds is not None and inputs_embeds.shape != (B, T, self.config.d_model):
             raise ValueError(f"inputs_embeds {tuple(inputs_embeds.shape)} must be ({B}, {T}, {self.config.d_model})")
+        if layer_gates is not None and layer_gates.shape != (B, self.config.n_layer):
+            raise ValueError(f"layer_gates {tuple(layer_gates.shape)} must be ({B}, {self.config.n_layer})")
         x = self.embed(tokens) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         rope = None
         if self.pos_embed is not None:
@@ -341,7 +346,8 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             if i in wanted:
                 hidden[i] = x
-            x = block(x, ctx, i)
+            out = block(x, ctx, i)
+            x = out if layer_gates is None else x + layer_gates[:, i, None, None].to(x.dtype) * (out - x)
         x = self.norm(x)
         if self.config.n_layer in wanted:
             hidden[self.config.n_layer] = x

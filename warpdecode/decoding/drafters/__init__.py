@@ -6,6 +6,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     draft_model,
     eagle,
     empty,
+    first,
     fused,
     layer_skip,
     lookahead,

@@ -115,7 +115,6 @@ def propose_children(logits: Tensor, width: int, sampler: Sampler, replacement: 
 
 @register("drafter", "draft_model")
 class DraftModel:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
     name: ClassVar[str] = "draft_model"
 
@@ -144,6 +143,7 @@ class DraftModel:
         if num_nodes is not None and num_nodes < 1:
             raise ConfigError(f"{self.name} num_nodes must be >= 1, got {num_nodes}")
         self.num_tokens, self.top_k, self.replacement, self.num_nodes = num_tokens, top_k, replacement, num_nodes
+        self.needs_hidden_states: tuple[int, ...] = ()
         self.draft: Transformer | None = None
         self.source: Backbone | None = None
         """The target the draft was made for (layers=) or checked against."""

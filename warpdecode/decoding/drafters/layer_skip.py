@@ -100,15 +100,18 @@ class LayerSkip(DraftModel):
         assert self.base is not None
         self.skip = skip
         self.keep = [layer for layer in range(self.base.config.n_layer) if layer not in skip]
-        self.draft = layer_subset(self.base, self.keep)
+        self.draft = layer_subset(self.base, self.keep) if skip else self.base
         self.synced = 0  # every cached position must be recopied for the new layers
 
     def start(self, state: DecodeState) -> None:
-        super().start(state)
+        self.use_skip(self.first_skip(state))
+        super().start(state)  # the draft's cache, for the layers of this skip set
         self.rng = random.Random(self.seed)
         self.steps = 0
-        self.synced = 0
-        self.use_skip(initial_skip(state.target.config.n_layer, self.num_skip))
+
+    def first_skip(self, state: DecodeState) -> list[int]:
+        """The skip set a request starts with."""
+        return initial_skip(state.target.config.n_layer, self.num_skip)
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.cache is not None

@@ -1,0 +1,107 @@
+"""FiRST end to end on a tiny 4-block model: the target's greedy answers → router fit → package →
+the `first` drafter skips what the routers decide, greedy-identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from warpdecode.datamodules.self_distill import SelfDistillDataModule
+from warpdecode.decoding.generate import build_method, generate
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import load_pretrained, save_pretrained
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.tokenizer import train_bpe
+from warpdecode.models.transformer import Transformer
+from warpdecode.modules.layer_router import LayerRouterModule, answer_kl, crop_answers, hard_gates
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
+         "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story"]
+
+
+@pytest.fixture(scope="module")
+def four_blocks(tmp_path_factory) -> Path:
+    tokenizer = train_bpe([t + "\n" for t in TEXTS] * 10, vocab_size=300)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=4, n_head=2, d_model=32, d_ff=64, max_seq_len=128,
+                         eos_token_ids=[tokenizer.eos_token_id])
+    torch.manual_seed(0)
+    model = Transformer(config)
+    model.init_weights(std=0.3)
+    directory = tmp_path_factory.mktemp("four-blocks")
+    save_pretrained(model, tokenizer, directory)
+    return directory
+
+
+def data(model_dir: Path, tmp_path: Path) -> SelfDistillDataModule:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
+    return SelfDistillDataModule(str(model_dir), prompts=[str(prompts)], max_prompts=8, max_new_tokens=12,
+                                 features=False, batch_size=4, val_fraction=0.4, cache_dir=str(tmp_path / "cache"))
+
+
+def test_crop_keeps_prompts_and_the_first_answer_tokens():
+    tokens = torch.arange(20).reshape(2, 10)
+    answer = torch.zeros(2, 10, dtype=torch.bool)
+    answer[0, 2:9] = True  # prompt of 2, answer of 7
+    answer[1, 4:10] = True  # prompt of 4, answer of 6
+    out = crop_answers({"tokens": tokens, "answer_mask": answer}, 3)
+    assert out["tokens"].shape == (2, 7)
+    assert out["answer_mask"].tolist() == [[False, False, True, True, True, False, False],
+                                           [False, False, False, False, True, True, True]]
+
+
+def test_kl_and_hard_gates():
+    logits = torch.randn(2, 3, 5)
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    assert answer_kl(logits, logits, mask).abs() < 1e-6
+    assert answer_kl(logits, torch.zeros_like(logits), mask) > 0
+    gates = torch.tensor([[1.0, 0.2, 0.7, 1.0], [1.0, 0.9, 0.1, 1.0]])
+    assert hard_gates(gates, 0.5, None).tolist() == [[1, 0, 1, 1], [1, 1, 0, 1]]
+    assert hard_gates(gates, 0.95, 1).tolist() == [[1, 0, 1, 1], [1, 1, 0, 1]]
+
+
+def test_the_skip_weight_pulls_the_gates_down_and_the_kl_pushes_back(four_blocks, tmp_path):
+    datamodule = data(four_blocks, tmp_path)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    batch = next(iter(datamodule.train_dataloader()))
+    moved = {}
+    for weight in (0.0, 10.0):
+        module = LayerRouterModule(target=str(four_blocks), skip_weight=weight, lr=0.1, init_bias=0.0)
+        optimizer = torch.optim.Adam(module.router.parameters(), lr=0.1)
+        for _ in range(20):
+            optimizer.zero_grad()
+            module.training_step(batch, 0).backward()
+            optimizer.step()
+        assert all(p.grad is None for p in module.target.parameters())
+        moved[weight] = float(module.router.bias[1:-1].mean())
+    assert moved[0.0] > 0.5 > -0.5 > moved[10.0]  # KL alone keeps every block; a large weight skips them
+
+
+def test_fit_saves_routers_the_drafter_runs_losslessly(four_blocks, tmp_path):
+    module = LayerRouterModule(target=str(four_blocks), skip_weight=2.0, lr=0.05, init_bias=1.0,
+                               export_dir=str(tmp_path / "router"))
+    Trainer(max_steps=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=tmp_path).fit(module, data(four_blocks, tmp_path))
+    package = DrafterPackage.load(tmp_path / "router", kind="layer_router")
+    assert package.config == {"n_layer": 4, "d_model": 32, "threshold": 0.5, "max_skip": None}
+    assert {"skipped", "kl_hard", "agreement_hard", "kl_soft", "minutes", "optimizer_steps"} <= set(package.training)
+    assert 0 <= package.training["skipped"] <= 2 and 0 <= package.training["agreement_hard"] <= 1
+    model, tokenizer = load_pretrained(four_blocks)
+    method = build_method("first", do_sample=False, options={"router": str(tmp_path / "router"), "num_tokens": 3})
+    for prompt in ("Write a story about a cat.", "print(i)"):
+        out = generate(model, tokenizer, prompt, max_new_tokens=16, stop_at_eos=False, method=method)
+        assert out.token_ids == generate(model, tokenizer, prompt, max_new_tokens=16, stop_at_eos=False).token_ids
+
+
+def test_bad_settings_are_refused(four_blocks):
+    with pytest.raises(ConfigError, match="threshold"):
+        LayerRouterModule(target=str(four_blocks), threshold=0.0)
+    with pytest.raises(ConfigError, match="answer_tokens"):
+        LayerRouterModule(target=str(four_blocks), answer_tokens=0)
