@@ -111,3 +111,24 @@ def test_drafters_need_the_final_hidden_state(tmp_path, drafter_options):
         export_package(greedy_target(), None, tmp_path / "pkg", source="x", hidden_layers=(1,),
                        drafters=[drafter_options["eagle"]["path"]])
 
+
+
+def test_learned_controls_travel_with_the_package_and_reach_their_drafters(tmp_path):
+    from tiny_models import acceptance_head_package, layer_router_package, naive_greedy
+
+    model = greedy_target()
+    head = acceptance_head_package(model, tmp_path / "head", bias=8.0)
+    router = layer_router_package(model, tmp_path / "router", skip=(1,))
+    package = InferencePackage.load(export_package(model, None, tmp_path / "package", source="tiny", drafters=[head, router]))
+    assert package.manifest["drafters"] == {"acceptance_head": "drafters/acceptance_head", "layer_router": "drafters/layer_router"}
+    options = package.drafter_options()
+    assert options == {"int4_self": {"acceptance_head": str(tmp_path / "package/drafters/acceptance_head")},
+                       "int8_self": {"acceptance_head": str(tmp_path / "package/drafters/acceptance_head")},
+                       "first": {"router": str(tmp_path / "package/drafters/layer_router")}}
+    backbone = package.backbone("onnxruntime", threads=1)
+    for name in ("int4_self", "first"):
+        method = build_method(name, options=options[name] | {"num_tokens": 3})
+        out = generate(backbone, None, [1, 2, 3], max_new_tokens=16, stop_at_eos=False, method=method)
+        assert out.token_ids == naive_greedy(model, [1, 2, 3], 16)
+        assert max(out.stats.proposed_per_step) == 3
+    assert method.drafter.skip == [1]

@@ -8,7 +8,9 @@
       tokenizer.json, tokenizer_config.json
       drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
                                their data-built draft tree), checked against the target at export;
-                               Medusa and Hydra heads also as ONNX graphs (`export.drafter_graphs`)
+                               Medusa and Hydra heads also as ONNX graphs (`export.drafter_graphs`);
+                               also the small learned controls (a SpecDec++ acceptance head, FiRST
+                               layer routers), which the drafters reading them pick up
 
 `InferencePackage.load` checks the format version, then every listed file's size and sha256, before
 anything is parsed: a tampered, truncated or incomplete package is refused with a
@@ -48,6 +50,11 @@ MANIFEST = "manifest.json"
 GRAPH = "backbone.onnx"
 HEADS_KINDS = ("medusa", "hydra")
 """Drafters whose networks are exported as ONNX graphs too (`export.drafter_graphs`)."""
+CONTROL_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "acceptance_head": (("int4_self", "int8_self"), "acceptance_head"),
+    "layer_router": (("first",), "router"),
+}
+"""Package kind of a small learned control → the drafters that read it and the option that names it."""
 LOSSY_BACKENDS = tuple(f"onnxruntime-{kind}" for kind in QUANTIZATIONS)
 """Backends that run a quantised copy (`onnx_graph.QUANTIZATIONS`): their greedy output may differ
 from the exported model's."""
@@ -219,8 +226,15 @@ class InferencePackage:
 
     def drafter_options(self) -> dict[str, dict[str, Any]]:
         """Drafter name → the options that run the package's trained drafter of that kind
-        (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path."""
-        return {kind: {"path": str(self.directory / relative)} for kind, relative in self.manifest.get("drafters", {}).items()}
+        (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path. A small learned
+        control goes to the drafters that read it (`CONTROL_OPTIONS`): an acceptance head to
+        `int4_self` / `int8_self`, layer routers to `first`."""
+        options: dict[str, dict[str, Any]] = {}
+        for kind, relative in self.manifest.get("drafters", {}).items():
+            names, option = CONTROL_OPTIONS.get(kind, ((kind,), "path"))
+            for name in names:
+                options.setdefault(name, {})[option] = str(self.directory / relative)
+        return options
 
     def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
         """The exported model on `backend`: onnxruntime runs the graph (onnxruntime-int8 / -int4 a
