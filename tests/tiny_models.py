@@ -86,7 +86,7 @@ def oracle_eagle_package(directory) -> tuple[Transformer, str]:
 
 
 def heads_package(target: Transformer, directory, kind: str, *, seed: int = 0, std: float = 0.3,
-                  num_heads: int = 4, num_layers: int = 1) -> str:
+                  num_heads: int = 4, num_layers: int = 1, training: dict | None = None) -> str:
     """An untrained Medusa or Hydra (`kind`) package for `target`: random head weights, a draft
     vocabulary of all but the last eighth of the tokens, a 6-node static tree; saved in `directory`."""
     from warpdecode.models.drafter_package import DrafterPackage
@@ -103,7 +103,8 @@ def heads_package(target: Transformer, directory, kind: str, *, seed: int = 0, s
                 p.add_(torch.randn_like(p) * std)
     tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
     config = {"draft_vocab_size": vocab, "num_heads": num_heads, "num_layers": num_layers}
-    package = DrafterPackage(kind, DrafterPackage.describe_target(target, "tiny"), config, net.trainable_state(), tree)
+    package = DrafterPackage(kind, DrafterPackage.describe_target(target, "tiny"), config, net.trainable_state(), tree,
+                             training or {})
     return str(package.save(directory))
 
 

@@ -44,12 +44,14 @@ class EagleDraft(PackagedDrafter[EagleNet]):
     kind = "eagle"
     trees = ("static", "chain", "dynamic")
 
-    def __init__(self, path: str, tree: str = "static", num_nodes: int | None = None, num_tokens: int = 5,
+    def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 5,
                  top_k: int = 4) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/eagle.yaml`.
         tree: `static` (the tree stored with the drafter), `chain` or `dynamic` (see the module doc).
-        num_nodes: tree size (default: the stored tree's size for `static`, 16 for `dynamic`).
+        num_nodes: tree size (default: the stored tree's size for `static`, 16 for `dynamic`); `auto` for
+            `static`: the size with the most expected tokens per second on this machine, from the
+            stored τ per size and the measured verify latency.
         num_tokens: chain length for `chain`; draft forwards (expansions) for `dynamic`.
         top_k: candidates per expanded node for `dynamic`.
         """

@@ -4,7 +4,8 @@
   (`CheckpointError`), rebuilds the network with its frozen head tied to the target
   (`models.draft_head`) and asks for the target's final features.
 * Tree shapes (`tree=`): `static`, the rank paths stored with the package (built from validation
-  ranks by `metrics.drafting.tree_from_ranks`) cut to `num_nodes`; `chain`, `num_tokens` top-1 tokens.
+  ranks by `metrics.drafting.tree_from_ranks`) cut to `num_nodes` (`auto`: the size with the most
+  expected tokens per second on this machine, `decoding/latency.py`); `chain`, `num_tokens` top-1 tokens.
 * `fill_shape` turns a shape into a `DraftTree` depth by depth: a node of rank path (r_1, ..., r_d)
   takes candidate r_d of its parent's ranked candidates.
 
@@ -22,6 +23,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.latency import choose_nodes, verify_seconds
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import RankPath, chain
 from warpdecode.errors import ConfigError
@@ -105,15 +107,19 @@ class PackagedDrafter(Generic[NetT]):
     trees: ClassVar[tuple[str, ...]] = ("static", "chain")
     needs_training: ClassVar[bool] = True
 
-    def __init__(self, path: str, tree: str, num_nodes: int | None, num_tokens: int | None) -> None:
+    def __init__(self, path: str, tree: str, num_nodes: int | str | None, num_tokens: int | None) -> None:
         if tree not in self.trees:
             raise ConfigError(f"{self.kind} tree must be one of {', '.join(self.trees)}, got {tree!r}")
-        for name, value in (("num_nodes", num_nodes), ("num_tokens", num_tokens)):
+        self.auto_nodes = num_nodes == "auto"
+        if isinstance(num_nodes, str) and (not self.auto_nodes or tree != "static"):
+            raise ConfigError(f"{self.kind} num_nodes must be a number, or 'auto' with the static tree; got {num_nodes!r}")
+        nodes = None if isinstance(num_nodes, str) else num_nodes
+        for name, value in (("num_nodes", nodes), ("num_tokens", num_tokens)):
             if value is not None and value < 1:
                 raise ConfigError(f"{self.kind} {name} must be >= 1, got {value}")
         if not Path(path).exists():
             raise ConfigError(f"{self.kind} drafter package {path!r} not found")
-        self.path, self.tree, self.num_nodes, self.num_tokens = path, tree, num_nodes, num_tokens
+        self.path, self.tree, self.num_nodes, self.num_tokens = path, tree, nodes, num_tokens
         self.needs_hidden_states: tuple[int, ...] = ()
         self.package: DrafterPackage | None = None
         self.net: NetT | None = None
@@ -161,6 +167,8 @@ class PackagedDrafter(Generic[NetT]):
             if self.tree == "static" and not stored:
                 raise ConfigError(f"{self.path} stores no draft tree (trained without validation); "
                                   f"use tree={' or '.join(t for t in self.trees if t != 'static')}")
+            if self.auto_nodes:
+                self.num_nodes = self.fastest_size(len(stored))
             shape = stored[: self.num_nodes] if self.num_nodes is not None else stored
         vocab = net.draft_vocab.numel()
         if shape and max(max(p) for p in shape) >= vocab:
@@ -169,6 +177,17 @@ class PackagedDrafter(Generic[NetT]):
             raise ConfigError(f"{self.kind} drafts at most {limit} tokens deep (its heads), but the {self.tree} "
                               f"tree is {max(len(p) for p in shape)} deep")
         return shape
+
+    def fastest_size(self, stored: int) -> int:
+        """`num_nodes=auto`: the size of the stored tree with the most expected tokens per second on
+        this machine, from the package's validation curve τ(n) and the target's measured verify latency."""
+        assert self.package is not None and self.checked is not None
+        curve = self.package.training.get("val_tau_by_nodes")
+        if not curve:
+            raise ConfigError(f"{self.path} records no validation τ per tree size (val_tau_by_nodes); "
+                              "give num_nodes, or retrain the drafter with validation")
+        curve = curve[:stored]
+        return choose_nodes(curve, verify_seconds(self.checked, len(curve) + 1))
 
     def max_depth(self, net: NetT) -> int | None:
         """The deepest draft `net` can make; None when unbounded."""

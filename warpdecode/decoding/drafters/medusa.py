@@ -39,12 +39,14 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
 
     net_class: ClassVar[type[FutureHeads]]
 
-    def __init__(self, path: str, tree: str = "static", num_nodes: int | None = None,
+    def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None,
                  num_tokens: int | None = None) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/<kind>.yaml`.
         tree: `static` (the tree stored with the drafter) or `chain`.
-        num_nodes: static tree size (default: the stored tree's size).
+        num_nodes: static tree size (default: the stored tree's size); `auto`: the size with the most
+            expected tokens per second on this machine, from the stored τ per size and the measured
+            verify latency.
         num_tokens: chain length, at most the number of heads (default: all of them).
         """
         super().__init__(path, tree, num_nodes, num_tokens)
