@@ -9,11 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import DRAFTER_OPTIONS, eagle_package, greedy_target, heads_package, layer_router_package
+from tiny_models import (
+    DRAFTER_OPTIONS,
+    eagle_package,
+    greedy_target,
+    heads_package,
+    layer_router_package,
+    save_tiny_model,
+)
 
 from warpdecode.models.checkpoint import save_pretrained
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.tokenizer import train_bpe
 from warpdecode.models.transformer import Transformer
 
 
@@ -43,21 +49,10 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-CONTEXT = 256
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    texts = ["print('hello world')\n", "for i in range(10):\n    pass\n", "Write a story about a cat.\n"] * 20
-    tokenizer = train_bpe(texts, vocab_size=300)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64, max_seq_len=CONTEXT,
-                         eos_token_ids=[tokenizer.eos_token_id])
-    torch.manual_seed(0)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    directory = tmp_path_factory.mktemp("tiny-model")
-    save_pretrained(model, tokenizer, directory)
-    return directory
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from tiny_models import save_tiny_model
 
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
-from warpdecode.models.checkpoint import load_pretrained, save_pretrained
-from warpdecode.models.config import ModelConfig
+from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.tokenizer import train_bpe
-from warpdecode.models.transformer import Transformer
 from warpdecode.modules.layer_router import LayerRouterModule, answer_kl, crop_answers, hard_gates
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -27,15 +25,7 @@ TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(1
 
 @pytest.fixture(scope="module")
 def four_blocks(tmp_path_factory) -> Path:
-    tokenizer = train_bpe([t + "\n" for t in TEXTS] * 10, vocab_size=300)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=4, n_head=2, d_model=32, d_ff=64, max_seq_len=128,
-                         eos_token_ids=[tokenizer.eos_token_id])
-    torch.manual_seed(0)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    directory = tmp_path_factory.mktemp("four-blocks")
-    save_pretrained(model, tokenizer, directory)
-    return directory
+    return save_tiny_model(tmp_path_factory.mktemp("four-blocks"), n_layer=4)
 
 
 def data(model_dir: Path, tmp_path: Path) -> SelfDistillDataModule:
