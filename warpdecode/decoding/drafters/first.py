@@ -63,7 +63,9 @@ class RoutedLayerSkip(LayerSkip):
         if max_skip is not None and max_skip < 0:
             raise ConfigError(f"first max_skip must be >= 0, got {max_skip}")
         super().__init__(num_skip=1, num_tokens=num_tokens, bits=bits, search_steps=0)
-        self.router_path, self.threshold, self.max_skip = router, threshold, max_skip
+        self.router_path, self.threshold_option, self.max_skip_option = router, threshold, max_skip
+        self.threshold, self.max_skip = threshold, max_skip
+        """In effect: the options given, else the package's."""
         self.router: LayerRouter | None = None
         self.routed_for: Backbone | None = None
 
@@ -71,10 +73,9 @@ class RoutedLayerSkip(LayerSkip):
         super().prepare(target)
         if self.routed_for is not target:
             self.router, package = load_layer_router(self.router_path, target)
-            if self.threshold is None:
-                self.threshold = float(package.config.get("threshold", 0.5))
-            if self.max_skip is None:
-                self.max_skip = package.config.get("max_skip")
+            threshold, max_skip = self.threshold_option, self.max_skip_option
+            self.threshold = float(package.config.get("threshold", 0.5) if threshold is None else threshold)
+            self.max_skip = package.config.get("max_skip") if max_skip is None else max_skip
             self.routed_for = target
         # A PyTorch target returns the block inputs with its prefill; another backend (an ONNX graph
         # exports only the drafters' layers) gets them from a forward of the same weights in PyTorch.
