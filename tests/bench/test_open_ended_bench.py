@@ -54,7 +54,8 @@ def test_runs_score_continuations_and_write_results(tiny_model_dir, tmp_path):
     assert greedy["held_out_ppl"] == sampled["held_out_ppl"]  # same model, same references
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["run"] for r in saved["runs"]] == [s.name for s in specs]
-    assert (tmp_path / "out" / "results.md").read_text().count("\n") == 4
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert report.startswith("Open-ended continuations: 3 documents") and report.count("\n") == 6  # header, blank, table of 2 runs
     again = open_ended.run(specs[:1], documents_path=str(docs_path), limit=3, max_new_tokens=40, seed=0,
                            batch_size=3, out=None)
     assert again[0]["samples"] == greedy["samples"]  # greedy is deterministic and batch-independent

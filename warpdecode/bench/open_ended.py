@@ -206,9 +206,12 @@ def run(specs: list[RunSpec], *, documents_path: str | None, limit: int, max_new
         out.mkdir(parents=True, exist_ok=True)
         settings = {"documents": documents_path or "stdlib held-out split", "limit": limit,
                     "max_new_tokens": max_new_tokens, "seed": seed}
-        (out / "results.json").write_text(json.dumps({"settings": settings, "machine": machine_info(),
+        machine = machine_info()
+        (out / "results.json").write_text(json.dumps({"settings": settings, "machine": machine,
                                                       "runs": rows}, indent=1) + "\n")
-        (out / "results.md").write_text(markdown(rows))
+        header = (f"Open-ended continuations: {limit} documents ({settings['documents']}), {max_new_tokens} new tokens, "
+                  f"seed {seed}; {machine['cpu']} ({machine['cpu_count']} CPUs), torch {machine['torch']}, {machine['date']}.\n\n")
+        (out / "results.md").write_text(header + markdown(rows))
     return rows
 
 
