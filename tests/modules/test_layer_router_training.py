@@ -62,16 +62,18 @@ def test_the_skip_weight_pulls_the_gates_down_and_the_kl_pushes_back(four_blocks
     datamodule.setup("fit")
     batch = next(iter(datamodule.train_dataloader()))
     moved = {}
-    for weight in (0.0, 10.0):
-        module = LayerRouterModule(target=str(four_blocks), skip_weight=weight, lr=0.1, init_bias=0.0)
+    for weight, start in ((0.0, -1.0), (10.0, 1.0)):  # from every block skipped / every block running
+        module = LayerRouterModule(target=str(four_blocks), skip_weight=weight, lr=0.1, init_bias=start)
         optimizer = torch.optim.Adam(module.router.parameters(), lr=0.1)
         for _ in range(20):
             optimizer.zero_grad()
             module.training_step(batch, 0).backward()
             optimizer.step()
         assert all(p.grad is None for p in module.target.parameters())
-        moved[weight] = float(module.router.bias[1:-1].mean())
-    assert moved[0.0] > 0.5 > -0.5 > moved[10.0]  # KL alone keeps every block; a large weight skips them
+        with torch.no_grad():
+            _, means = module.full_pass(crop_answers(batch, 64))
+            moved[weight] = float((hard_gates(module.router(means), 0.5, None) == 0).float().mean())
+    assert moved[0.0] < 0.25 and moved[10.0] > 0.25  # KL alone brings the skipped blocks back; a large weight skips them
 
 
 def test_fit_saves_routers_the_drafter_runs_losslessly(four_blocks, tmp_path):

@@ -3,10 +3,12 @@
 Data: `SelfDistillDataModule` (the target's greedy answers to the drafter recipes' prompts). Per
 batch, the frozen target runs once in full (no grad) for its answer-position distributions and the
 block inputs over the prompt; the routers turn the prompt means into soft gates, and the target runs
-again with those gates (`Transformer.forward(layer_gates=...)`, gradients reach only the routers).
-The loss is the KL divergence from the full model to the gated one on the answer tokens plus
-`skip_weight` times the mean gate of the routable blocks: a block is worth skipping when the KL it
-costs is below `skip_weight / (L - 2)`.
+again with the hard decisions decoding will take (gate below `threshold` skips, at most `max_skip`)
+through a straight-through estimator (`Transformer.forward(layer_gates=...)`: the forward skips
+exactly those blocks, the gradient reaches the soft gates, and only the routers learn). The loss is
+the KL divergence from the full model to the skipping one on the answer tokens plus `skip_weight`
+times the mean soft gate of the routable blocks: a block is worth skipping when the KL it costs is
+below about `skip_weight / (L - 2)`.
 
 Validation reports what decoding will see, with hard decisions (`threshold`, `max_skip`): the mean
 number of skipped blocks, the KL and the top-1 agreement of the skipping model with the full one on
@@ -119,7 +121,9 @@ class LayerRouterModule(FrozenTarget, LightningModule):
         batch = crop_answers(batch, self.hparams["answer_tokens"])
         full, means = self.full_pass(batch)
         gates = self.router(means)  # (B, L)
-        gated = self.target(batch["tokens"], layer_gates=gates).logits
+        hard = hard_gates(gates.detach(), self.hparams["threshold"], self.hparams["max_skip"])
+        straight_through = hard + gates - gates.detach()  # the forward skips as decoding will; gradients reach the soft gates
+        gated = self.target(batch["tokens"], layer_gates=straight_through).logits
         kl = answer_kl(full, gated, self.scored(batch))
         mean_gate = gates[:, 1:-1].mean()
         loss = kl + self.hparams["skip_weight"] * mean_gate
