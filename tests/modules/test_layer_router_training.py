@@ -97,3 +97,26 @@ def test_bad_settings_are_refused(four_blocks):
         LayerRouterModule(target=str(four_blocks), threshold=0.0)
     with pytest.raises(ConfigError, match="answer_tokens"):
         LayerRouterModule(target=str(four_blocks), answer_tokens=0)
+
+
+def test_gates_start_from_the_single_block_skip_costs(four_blocks, tmp_path):
+    datamodule = data(four_blocks, tmp_path)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    batch = crop_answers(next(iter(datamodule.train_dataloader())), 64)
+    module = LayerRouterModule(target=str(four_blocks), init_bias=2.0)
+    full, _ = module.full_pass(batch)
+    module.training_step(batch, 0)
+    assert bool(module.initialised)
+    costs = []
+    for layer in (1, 2):
+        gates = torch.ones(batch["tokens"].shape[0], 4)
+        gates[:, layer] = 0.0
+        with torch.no_grad():
+            costs.append(float(answer_kl(full, module.target(batch["tokens"], layer_gates=gates).logits,
+                                         module.scored(batch))))
+    expected = torch.tensor(costs) / max(costs) * 2.0
+    torch.testing.assert_close(module.router.bias[1:3].detach(), expected, rtol=1e-4, atol=1e-4)
+    before = module.router.bias.detach().clone()
+    module.training_step(batch, 1)  # once only
+    torch.testing.assert_close(module.router.bias.detach(), before)

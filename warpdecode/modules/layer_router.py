@@ -71,7 +71,7 @@ def hard_gates(gates: Tensor, threshold: float, max_skip: int | None) -> Tensor:
 class LayerRouterModule(FrozenTarget, LightningModule):
     def __init__(self, target: str = "smollm2-135m-instruct", skip_weight: float = 0.05, lr: float = 1e-2,
                  init_bias: float = 3.0, threshold: float = 0.5, max_skip: int | None = None,
-                 answer_tokens: int = 64, export_dir: str | None = None) -> None:
+                 answer_tokens: int = 64, cost_init: bool = True, export_dir: str | None = None) -> None:
         """
         Args:
             target: The model whose blocks to route (name, directory or `.gguf`); frozen.
@@ -82,6 +82,8 @@ class LayerRouterModule(FrozenTarget, LightningModule):
             max_skip: Skip at most this many blocks per request (None: no limit).
             answer_tokens: Score the first this many answer tokens of each example (the cost of a step
                 grows with them: two target forwards and one backward).
+            cost_init: Before the first step, start each gate from the KL of skipping its block alone
+                on the first batch (`init_from_costs`; L - 2 extra forwards once).
             export_dir: Where the router package is written at the end of `fit` (default `layer_router/` in the run).
         """
         super().__init__()
@@ -92,6 +94,8 @@ class LayerRouterModule(FrozenTarget, LightningModule):
         self.save_hyperparameters()
         model = self.hold_target(target)  # not a submodule: checkpoints hold only the routers
         self.router = LayerRouter(model.config.n_layer, model.config.d_model, init_bias)
+        self.initialised: Tensor
+        self.register_buffer("initialised", torch.tensor(False))
         self.metrics = nn.ModuleDict({name: MeanMetric() for name in ("skipped", "kl_hard", "agreement_hard", "kl_soft")})
         self.fit_started = time.perf_counter()
         self.package_dir: Path | None = None
@@ -117,9 +121,27 @@ class LayerRouterModule(FrozenTarget, LightningModule):
         answer = batch["answer_mask"]
         return torch.cat([answer[:, 1:], torch.zeros_like(answer[:, :1])], dim=1)
 
+    @torch.no_grad()
+    def init_from_costs(self, batch: dict[str, Tensor], full: Tensor) -> None:
+        """Start each routable block's gate logit at `init_bias` x (the KL of skipping that block alone
+        on `batch`) / (the largest such KL): cheap blocks start near the threshold, costly ones far
+        above it, so the search starts in the right order instead of with every gate equal."""
+        L = self.router.n_layer
+        costs = torch.zeros(L)
+        for layer in range(1, L - 1):
+            gates = torch.ones(batch["tokens"].shape[0], L, device=full.device)
+            gates[:, layer] = 0.0
+            costs[layer] = answer_kl(full, self.target(batch["tokens"], layer_gates=gates).logits, self.scored(batch))
+        self.router.bias[1:-1] = self.hparams["init_bias"] * costs[1:-1] / costs[1:-1].max().clamp_min(1e-6)
+        self.initialised.fill_(True)
+        rank_zero_info("layer routers start from the single-block skip costs (nats): "
+                       + ", ".join(f"{layer}: {float(costs[layer]):.2f}" for layer in range(1, L - 1)))
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         batch = crop_answers(batch, self.hparams["answer_tokens"])
         full, means = self.full_pass(batch)
+        if self.hparams["cost_init"] and not bool(self.initialised):
+            self.init_from_costs(batch, full)
         gates = self.router(means)  # (B, L)
         hard = hard_gates(gates.detach(), self.hparams["threshold"], self.hparams["max_skip"])
         straight_through = hard + gates - gates.detach()  # the forward skips as decoding will; gradients reach the soft gates
