@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 from torch import Tensor
 
@@ -39,9 +39,11 @@ class Decision:
     """Drafting continues after it (only read when `keep`)."""
 
 
-class StopRule(Protocol):
+class StopRule:
+    """Base of the rules: the reset hooks do nothing unless a rule keeps state across positions."""
+
     def start_request(self) -> None:
-        """Reset per-request state."""
+        """Reset per-request state (a rule whose state spans steps)."""
 
     def start_chain(self) -> None:
         """Reset per-chain state (called at each proposal)."""
@@ -51,16 +53,14 @@ class StopRule(Protocol):
         logits: (1, V) draft logits at the position.
         hidden: (1, C) draft final normed hidden state there.
         """
-        ...
+        raise NotImplementedError
 
 
-class AcceptanceStop:
+class AcceptanceStop(StopRule):
     def __init__(self, head: AcceptanceHead, threshold: float) -> None:
         self.head, self.threshold = head, threshold
         self.all_accepted = 1.0
-
-    def start_request(self) -> None:
-        self.all_accepted = 1.0
+        """Π p_i over the chain so far."""
 
     def start_chain(self) -> None:
         self.all_accepted = 1.0
@@ -70,31 +70,22 @@ class AcceptanceStop:
         return Decision(keep=True, go_on=1 - self.all_accepted <= self.threshold)
 
 
-class RouterStop:
+class RouterStop(StopRule):
     def __init__(self, head: AcceptanceHead, threshold: float) -> None:
         self.head, self.threshold = head, threshold
-
-    def start_request(self) -> None:
-        pass
-
-    def start_chain(self) -> None:
-        pass
 
     def decide(self, logits: Tensor, hidden: Tensor) -> Decision:
         keep = float(self.head(hidden, draft_signals(logits)).sigmoid()) >= self.threshold
         return Decision(keep=keep, go_on=keep)
 
 
-class EntropyStop:
+class EntropyStop(StopRule):
     def __init__(self, threshold: float, window: int) -> None:
         self.threshold = threshold
         self.recent: deque[float] = deque(maxlen=window)
 
     def start_request(self) -> None:
         self.recent.clear()
-
-    def start_chain(self) -> None:
-        pass
 
     def decide(self, logits: Tensor, hidden: Tensor) -> Decision:
         self.recent.append(float(draft_signals(logits)[0, 1]))
