@@ -123,5 +123,12 @@ def test_generate_decodes_a_diffusion_lm_under_a_commit_policy(dlm_dir, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["steps"] == len(out["stats"]["committed_per_step"]) <= 14
     assert sum(out["stats"]["committed_per_step"]) == 14  # every position of the answer region decoded once
+    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method", "fixed",
+          "--method-options", '{"block_length": 7, "kv_cache": "dual"}', "--json"])
+    cached = json.loads(capsys.readouterr().out)
+    assert cached["stats"]["steps"] == 14 and sum(cached["stats"]["committed_per_step"]) == 14
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--method-options", '{"kv_cache": "all"}'],
+                       capsys)
+    assert code == 2 and "kv_cache must be one of" in err
     code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--temperature", "0.5"], capsys)
     assert code == 2 and "greedily" in err

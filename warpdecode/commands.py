@@ -84,7 +84,8 @@ def generate(
 
     A masked diffusion LM (a bidirectional --model) decodes its answer in parallel instead: --method
     names a commit policy (default fixed, one token per step; `warpdecode methods` lists them),
-    --method-options its options plus block_length (8) and eot_stop, and --max-new-tokens is the
+    --method-options its options plus block_length (8), eot_stop and kv_cache (none, prefix or
+    dual: Fast-dLLM's approximate reuse of keys/values within a block), and --max-new-tokens is the
     answer region: `warpdecode generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16
     --method threshold`.
         verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
@@ -152,12 +153,12 @@ def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: st
                         options: dict[str, Any], gen_length: int, json_output: bool) -> None:
     """Decode a masked diffusion LM's answer under a commit policy (`--method`, default one token per step)."""
     from warpdecode.decoding import registry
-    from warpdecode.decoding.diffusion.decoder import diffusion_generate
+    from warpdecode.decoding.diffusion.decoder import diffusion_generate, split_decoder_options
     from warpdecode.errors import ConfigError
 
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise ConfigError("this diffusion LM has no tokenizer with an end-of-text token")
-    decoder = {"block_length": options.pop("block_length", 8), "eot_stop": options.pop("eot_stop", False)}
+    decoder, options = split_decoder_options(options)
     policy = registry.build("commit_policy", policy_name, **options)
     out = diffusion_generate(model, [tokenizer.encode(prompt)], policy, gen_length=gen_length,
                              eos_token_id=tokenizer.eos_token_id, **decoder)
@@ -384,7 +385,8 @@ def bench(
             options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10 (default none,prompt_lookup). Values
             are int, float, true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY:
             VALUE} mappings. For a diffusion LM: commit policies with their options and the decoder's
-            block_length / eot_stop, e.g. threshold:threshold=0.8:eot_stop=true (default every policy).
+            block_length / eot_stop / kv_cache, e.g. threshold:threshold=0.8:eot_stop=true:kv_cache=dual
+            (default every policy).
         prompts: prompt set(s), comma-separated: spec_bench (default), humaneval, stdlib_code (read from
             $WARPDECODE_DATASETS, default <repo>/../shared/datasets); parallel_bench for a diffusion LM.
         categories: only these comma-separated categories of the sets, e.g. summarization,rag (for

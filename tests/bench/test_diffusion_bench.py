@@ -15,19 +15,22 @@ from warpdecode.errors import ConfigError
 def test_policy_specs_put_the_baseline_first_and_fail_before_loading() -> None:
     specs = parse_policies("threshold:threshold=0.8:eot_stop=true,fixed")
     assert [s.label for s in specs] == ["fixed", "threshold:threshold=0.8:eot_stop=true"]
-    assert specs[1].decoder_options(8) == {"block_length": 8, "eot_stop": True}
+    assert specs[1].decoder_options(8) == {"block_length": 8, "eot_stop": True, "kv_cache": "none"}
     for bad, message in (("nope", "unknown commit_policy"), ("threshold:tau=1", "no option"),
+                         ("fixed:kv_cache=full", "kv_cache must be one of"),
                          ("fixed:block_length=0", "block_length"), ("credit,credit", "twice")):
         with pytest.raises(ConfigError, match=message):
             parse_policies(bad)
 
 
 def test_every_policy_decodes_every_example_and_is_compared_with_the_baseline(dlm_dir: Path, tmp_path: Path) -> None:
-    config = DiffusionBenchConfig(model=str(dlm_dir), methods=["threshold:threshold=0.5,prophet:eot_stop=true,free_draft"],
+    config = DiffusionBenchConfig(model=str(dlm_dir), methods=["threshold:threshold=0.5,prophet:eot_stop=true,free_draft",
+                                                                   "fixed:kv_cache=dual"],
                                   tasks="copy,add", limit=2, gen_length=14, block_length=7, threads=1)
     result = run_diffusion_bench(config, progress=False)
-    assert [r.method for r in result.rows] == [BASELINE, "threshold:threshold=0.5", "prophet:eot_stop=true", "free_draft"]
-    assert len(result.runs) == 4 * 4
+    assert [r.method for r in result.rows] == [BASELINE, "threshold:threshold=0.5", "prophet:eot_stop=true", "free_draft",
+                                               "fixed:kv_cache=dual"]
+    assert len(result.runs) == 4 * 5
     baseline = result.rows[0]
     assert baseline.lossless and baseline.step_reduction == 1.0 and baseline.accuracy_delta == 0.0
     assert baseline.identical == 4 and not result.rows[2].lossless  # eot_stop makes prophet (any policy) lossy
@@ -38,10 +41,11 @@ def test_every_policy_decodes_every_example_and_is_compared_with_the_baseline(dl
         assert row.steps == sum(r.steps for r in runs) / 4 <= 14
         assert row.step_reduction == pytest.approx(14 / row.steps)
     assert result.rows[3].lossless and result.rows[3].identical == 4  # FreeDave reproduces the baseline
+    assert not result.rows[4].lossless and result.rows[4].steps == 14  # the cache approximates, steps unchanged
     assert set(result.per_task) == {"copy", "add"}
     paths = result.write(tmp_path / "out")
     saved = json.loads(paths["json"].read_text())
-    assert saved["config"]["methods"] == config.methods and len(saved["runs"]) == 16
+    assert saved["config"]["methods"] == config.methods and len(saved["runs"]) == 20
     assert "| `free_draft` | yes |" in paths["markdown"].read_text()
     assert paths["plot"].stat().st_size > 1000
 

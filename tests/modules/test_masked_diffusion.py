@@ -40,6 +40,16 @@ def test_forward_process_masks_only_the_answer_at_ratio_t() -> None:
     assert not attention[0, 0, 30:].any() and attention[0, 0, :30].all()
 
 
+def test_stratified_ratios_cover_every_stratum_once() -> None:
+    tokens = torch.zeros(8, 20, dtype=torch.int64)
+    answer = torch.ones(8, 20, dtype=torch.bool)
+    draws = [mask_answer(tokens, answer, 99, 0.0, torch.Generator().manual_seed(seed), stratified=True)[2]
+             for seed in range(200)]
+    for t in draws:
+        assert sorted(((t * 8).floor().long()).tolist()) == list(range(8))  # one ratio per eighth of (0, 1)
+    assert torch.stack(draws).mean().item() == pytest.approx(0.5, abs=0.02)  # still uniform on average
+
+
 def test_loss_is_an_unbiased_estimate_of_the_answers_cross_entropy() -> None:
     """With uniform predictions every masked token costs log V; dividing by t and the answer length
     makes the expected loss exactly log V whatever the masking ratio."""
@@ -47,9 +57,13 @@ def test_loss_is_an_unbiased_estimate_of_the_answers_cross_entropy() -> None:
     torch.nn.init.zeros_(module.backbone.embed.weight)  # tied head: all-zero logits
     module.config.mask_token_id = 1
     data = ParallelTasksDataModule(tasks="copy", batch_size=512, train_examples=512, gen_length=16)
-    losses = module.diffusion_loss(batch_of(data), torch.Generator().manual_seed(0))
+    batch = batch_of(data)
+    losses = module.diffusion_loss(batch, torch.Generator().manual_seed(0))
     assert losses.shape == (512,)
     assert losses.mean().item() == pytest.approx(math.log(48), rel=0.03)
+    module.hparams["stratified_t"] = True
+    stratified = module.diffusion_loss(batch, torch.Generator().manual_seed(0))
+    assert stratified.mean().item() == pytest.approx(math.log(48), rel=0.03)
 
 
 def test_the_backbone_is_bidirectional_and_the_mask_token_must_exist() -> None:

@@ -6,7 +6,7 @@ decoding, `fixed` at one token per step without end-of-text stopping, and always
 each policy: accuracy (exact answers; `perm` accepts any permutation), steps (forwards, NFEs),
 tokens/s, and, against the baseline in the same run, the step reduction, the wall-clock speedup and
 the accuracy change in points. Specs are `POLICY[:KEY=VALUE...]` with the policy's options plus the
-decoder's `block_length` and `eot_stop`, e.g. `threshold:threshold=0.8:eot_stop=true`.
+decoder's `block_length`, `eot_stop` and `kv_cache`, e.g. `threshold:threshold=0.8:eot_stop=true:kv_cache=dual`.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from warpdecode.bench.machine import machine_info
 from warpdecode.bench.parallel_tasks import TaskExample, evaluation_set, task_names
 from warpdecode.bench.specs import SYNTAX, format_value, parse_method
 from warpdecode.decoding import registry
-from warpdecode.decoding.diffusion.decoder import diffusion_generate
+from warpdecode.decoding.diffusion.decoder import diffusion_generate, exact_decoder, split_decoder_options
+from warpdecode.decoding.diffusion.kv_reuse import check_kv_reuse
 from warpdecode.decoding.diffusion.layout import check_diffusion_model
 from warpdecode.decoding.diffusion.protocols import CommitPolicy
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 
 BASELINE = "fixed"
-DECODER_KEYS = ("block_length", "eot_stop")
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,10 @@ class PolicySpec:
         return ":".join([self.name] + [f"{k}={format_value(v)}" for k, v in self.options.items()])
 
     def decoder_options(self, block_length: int) -> dict[str, Any]:
-        return {"block_length": block_length, "eot_stop": False} | {k: v for k, v in self.options.items() if k in DECODER_KEYS}
+        return split_decoder_options({"block_length": block_length} | self.options)[0]
 
     def build(self) -> CommitPolicy:
-        policy: CommitPolicy = registry.build("commit_policy", self.name,
-                                              **{k: v for k, v in self.options.items() if k not in DECODER_KEYS})
+        policy: CommitPolicy = registry.build("commit_policy", self.name, **split_decoder_options(self.options)[1])
         return policy
 
 
@@ -61,6 +60,7 @@ def parse_policies(text: str) -> list[PolicySpec]:
         method = parse_method(part)
         spec = PolicySpec(method.name, method.options)
         spec.build()  # unknown names and options fail here, before the model loads
+        check_kv_reuse(spec.decoder_options(1)["kv_cache"])
         for key in ("block_length",):
             value = spec.options.get(key)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -162,7 +162,7 @@ class DiffusionBenchResult:
                 f"wall time {self.wall_seconds:.0f} s.\n\n"
                 f"Baseline `{BASELINE}`: one token per step (static decoding). Steps = forwards (NFEs); identical = answers "
                 f"equal to the baseline's; a lossless policy must have them all. End-of-text stopping (`eot_stop`) "
-                f"makes any policy lossy.\n\n"
+                f"and KV reuse (`kv_cache`, approximate) make any policy lossy.\n\n"
                 f"## All tasks\n\n{self.table()}\n\n## Per task\n\n{tasks}\n")
 
     def write(self, out: Path) -> dict[str, Path]:
@@ -227,7 +227,7 @@ def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) 
 
     def rows(selected: list[Run]) -> list[PolicyRow]:
         baseline = [r for r in selected if r.method == BASELINE]
-        return [summarise(selected, spec.label, policy.lossless and not options["eot_stop"], baseline)
+        return [summarise(selected, spec.label, policy.lossless and exact_decoder(options), baseline)
                 for spec, policy, options in policies]
 
     per_task = {task: rows([r for r in runs if r.task == task]) for task in task_names(config.tasks)}

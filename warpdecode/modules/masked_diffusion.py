@@ -34,10 +34,17 @@ from warpdecode.modules.causal_lm import CausalLM
 
 
 def mask_answer(tokens: Tensor, answer: Tensor, mask_token_id: int, min_ratio: float,
-                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Forward process: (noisy tokens (B, L), masked (B, L) bool, ratio t (B,)) for a batch."""
+                generator: torch.Generator | None = None, stratified: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Forward process: (noisy tokens (B, L), masked (B, L) bool, ratio t (B,)) for a batch.
+
+    `stratified` draws the B ratios low-discrepancy, one per stratum: t_b = (u + b) / B for one shared
+    uniform u (MDLM's variance reduction; each t is still uniform, so the loss stays unbiased).
+    """
     B, L = tokens.shape
-    t = min_ratio + (1 - min_ratio) * torch.rand(B, generator=generator, device=tokens.device)
+    u = torch.rand(1 if stratified else B, generator=generator, device=tokens.device)
+    if stratified:
+        u = (u + torch.arange(B, device=tokens.device)) / B
+    t = min_ratio + (1 - min_ratio) * u
     masked = answer & (torch.rand(B, L, generator=generator, device=tokens.device) < t[:, None])
     return tokens.masked_fill(masked, mask_token_id), masked, t
 
@@ -60,6 +67,7 @@ class MaskedDiffusionLM(CausalLM):
         min_mask_ratio: float = 1e-3,
         eval_block_length: int = 8,
         eval_threshold: float = 0.9,
+        stratified_t: bool = False,
     ) -> None:
         """
         Args:
@@ -77,12 +85,15 @@ class MaskedDiffusionLM(CausalLM):
             min_mask_ratio: Smallest masking ratio t drawn (the loss divides by t).
             eval_block_length: Block length of the decoders run at validation.
             eval_threshold: Confidence threshold of the parallel decoder run at validation.
+            stratified_t: Draw a batch's masking ratios one per stratum of (0, 1) (lower variance
+                of the 1/t-weighted loss) instead of independently.
         """
         super().__init__(model, pretrained, lr, min_lr_ratio, warmup_steps, weight_decay, betas, init_std, export_dir)
         if not 0 < min_mask_ratio < 1:
             raise ConfigError(f"min_mask_ratio must be in (0, 1), got {min_mask_ratio}")
         for key, value in {"mask_token": mask_token, "min_mask_ratio": min_mask_ratio,
-                           "eval_block_length": eval_block_length, "eval_threshold": eval_threshold}.items():
+                           "eval_block_length": eval_block_length, "eval_threshold": eval_threshold,
+                           "stratified_t": stratified_t}.items():
             self.hparams.setdefault(key, value)  # see CausalLM: recorded for subclasses built by LightningCLI
         self.config.causal = False
         self.exact_static, self.exact_parallel, self.steps_parallel = MeanMetric(), MeanMetric(), MeanMetric()
@@ -108,7 +119,8 @@ class MaskedDiffusionLM(CausalLM):
         """(B,) per-row LLaDA loss of one draw of the forward process, in fp32."""
         tokens = batch["tokens"]
         answer, attention = answer_region(batch["prompt_lengths"], batch["lengths"], tokens.shape[1])
-        noisy, masked, t = mask_answer(tokens, answer, self.mask_token_id, self.hparams["min_mask_ratio"], generator)
+        noisy, masked, t = mask_answer(tokens, answer, self.mask_token_id, self.hparams["min_mask_ratio"], generator,
+                                       stratified=self.hparams.get("stratified_t", False))
         logits = self.backbone(noisy, attention_mask=attention).logits  # (B, L, V)
         with torch.autocast(device_type=logits.device.type, enabled=False):
             ce = F.cross_entropy(logits.float().transpose(1, 2), tokens, reduction="none")  # (B, L)

@@ -9,17 +9,20 @@ in lockstep, and a finished row commits nothing more.
 End-of-text prediction (EoTP, `eot_stop=True`): once a committed answer token is end-of-text,
 every masked position after it becomes end-of-text without further steps (the answer is over).
 
-Steps are forwards (NFEs); the prompt is part of every forward (no KV reuse here).
+Steps are forwards (NFEs). Without KV reuse (`kv_cache="none"`) every forward runs the whole
+sequence; `prefix` and `dual` reuse keys/values within a block (approximate, see `kv_reuse.py`).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from warpdecode.decoding.diffusion.free_draft import FreeDraftVerify, free_draft_generate
+from warpdecode.decoding.diffusion.kv_reuse import BlockKVReuse, check_kv_reuse
 from warpdecode.decoding.diffusion.layout import (
     DiffusionOutput,
     DiffusionStats,
@@ -30,6 +33,20 @@ from warpdecode.decoding.diffusion.layout import (
 from warpdecode.decoding.diffusion.protocols import CommitPolicy, StepView
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
+
+DECODER_DEFAULTS: dict[str, Any] = {"block_length": 8, "eot_stop": False, "kv_cache": "none"}
+"""The options of `diffusion_generate` a method spec may set beside its commit policy's own."""
+
+
+def split_decoder_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A method spec's options → (decoder options with their defaults, the commit policy's options)."""
+    decoder = DECODER_DEFAULTS | {k: v for k, v in options.items() if k in DECODER_DEFAULTS}
+    return decoder, {k: v for k, v in options.items() if k not in DECODER_DEFAULTS}
+
+
+def exact_decoder(decoder: dict[str, Any]) -> bool:
+    """Whether these decoder options keep a lossless policy lossless (no EoTP, no approximate cache)."""
+    return not decoder["eot_stop"] and decoder["kv_cache"] == "none"
 
 
 def end_of_text_fill(tokens: Tensor, masked: Tensor, answer: Tensor, eos_token_id: int) -> Tensor:
@@ -49,9 +66,15 @@ def diffusion_generate(
     block_length: int,
     eos_token_id: int,
     eot_stop: bool = False,
+    kv_cache: str = "none",
 ) -> DiffusionOutput:
-    """Decode the answers of `prompts` (token ids, no padding) greedily under `policy`."""
+    """Decode the answers of `prompts` (token ids, no padding) greedily under `policy`.
+
+    `kv_cache`: `none` (every step runs the whole sequence), `prefix` or `dual` (Fast-dLLM's
+    approximate reuse of the keys/values outside the current block, see `kv_reuse.py`).
+    """
     mask_token_id = check_diffusion_model(model)
+    check_kv_reuse(kv_cache)
     if gen_length < 1 or block_length < 1:
         raise ConfigError(f"gen_length and block_length must be positive, got {gen_length}, {block_length}")
     longest = max(map(len, prompts), default=0) + gen_length
@@ -59,8 +82,9 @@ def diffusion_generate(
         raise ConfigError(f"prompt + gen_length = {longest} tokens exceeds the model's context of "
                           f"{model.config.max_seq_len}")
     if isinstance(policy, FreeDraftVerify):
-        if len(prompts) != 1 or eot_stop:
-            raise ConfigError("free_draft decodes one prompt at a time, without eot_stop (it reproduces `fixed`)")
+        if len(prompts) != 1 or eot_stop or kv_cache != "none":
+            raise ConfigError("free_draft decodes one prompt at a time, without eot_stop or kv_cache "
+                              "(it reproduces `fixed` exactly)")
         if not prompts[0]:
             raise ConfigError("every prompt needs at least one token")
         policy.prepare(model)
@@ -75,10 +99,14 @@ def diffusion_generate(
     stats = DiffusionStats(steps=[0] * B)
     policy.prepare(model)
     policy.reset(B, L)
+    reuse = BlockKVReuse(model, kv_cache, answer, attention) if kv_cache != "none" else None
     while masked.any():
-        logits = model(tokens, attention_mask=attention).logits.float()  # (B, L, V)
-        confidence, predicted = logits.softmax(-1).max(-1)
         current = torch.where(masked, block, L).amin(1, keepdim=True)  # (B, 1)
+        if reuse is None:
+            logits = model(tokens, attention_mask=attention).logits.float()  # (B, L, V)
+        else:
+            logits = reuse(tokens, block, current)
+        confidence, predicted = logits.softmax(-1).max(-1)
         in_block = block == current
         active = masked & in_block
         commit = policy.select(StepView(logits, predicted, confidence, active, masked, in_block, answer, stats.forwards))
