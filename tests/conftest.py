@@ -15,6 +15,7 @@ from tiny_models import (
     greedy_target,
     heads_package,
     layer_router_package,
+    save_diffusion_drafter,
     save_tiny_model,
 )
 
@@ -68,8 +69,9 @@ def drafter_options(tmp_path_factory):
     heads = {kind: {"path": heads_package(greedy_target(), tmp_path_factory.mktemp(kind) / "drafter", kind)}
              for kind in ("medusa", "hydra")}
     router = layer_router_package(greedy_target(), tmp_path_factory.mktemp("first") / "router", skip=(1,))
+    dlm = save_diffusion_drafter(tmp_path_factory.mktemp("diffuspec") / "dlm", greedy_target().config.vocab_size)
     return {**DRAFTER_OPTIONS, "retrieval": {"corpus": str(path)}, "eagle": {"path": eagle}, **heads,
-            "first": {"router": router}}
+            "first": {"router": router}, "diffuspec": {"model": str(dlm), "num_tokens": 4}}
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ MASK, EOS, V = 1, 0, 16
 
 class OracleDLM:
     """Predicts `truth(step)` (B, L) at every position with probability `confidence(step)` (B, L), the
-    rest of the mass spread evenly over the other tokens; records the token state of every forward."""
+    rest of the mass spread evenly over the other tokens except the mask token (which a trained model
+    never predicts); records the token state of every forward."""
 
     def __init__(self, truth: Tensor | Callable[[int], Tensor], confidence: Tensor | Callable[[int], Tensor]) -> None:
         self.config = ModelConfig(vocab_size=V, n_layer=1, n_head=1, d_model=8, d_ff=8, max_seq_len=64, causal=False,
@@ -31,11 +32,12 @@ class OracleDLM:
         truth, c = truth.expand(tokens.shape[0], -1), c.expand(tokens.shape[0], -1)
         assert tokens.shape == truth.shape
         self.seen.append(tokens.clone())
-        rest = ((1 - c) / (V - 1)).log()[..., None].expand(*tokens.shape, V).clone()  # (B, L, V)
+        rest = ((1 - c) / (V - 2)).log()[..., None].expand(*tokens.shape, V).clone()  # (B, L, V)
+        rest[..., MASK] = -math.inf
         logits = rest.scatter(-1, truth[..., None], c.log()[..., None])
         return BackboneOutput(logits=logits, hidden_states={})
 
 
 def gap(c: float) -> float:
     """Top-2 log-probability gap of a position predicted with confidence c."""
-    return math.log(c) - math.log((1 - c) / (V - 1))
+    return math.log(c) - math.log((1 - c) / (V - 2))

@@ -201,3 +201,34 @@ def layer_router_package(target: Transformer, directory, *, skip: tuple[int, ...
     config = {"n_layer": target.config.n_layer, "d_model": target.config.d_model, "threshold": 0.5, "max_skip": None}
     package = DrafterPackage("layer_router", DrafterPackage.describe_target(target, "tiny"), config, router.state_dict())
     return str(package.save(directory))
+
+
+def id_tokenizer(vocab_size: int):
+    """A word-level tokenizer of `vocab_size` tokens `<|endoftext|>`, `t1`, `t2`, ... (ids 0..V-1), for
+    models whose tokens are only ever handled as ids."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    from warpdecode.models.tokenizer import END_OF_TEXT, Tokenizer
+
+    vocab = {END_OF_TEXT: 0} | {f"t{i}": i for i in range(1, vocab_size)}
+    backend = HFTokenizer(models.WordLevel(vocab, unk_token=END_OF_TEXT))
+    backend.add_special_tokens([END_OF_TEXT])
+    return Tokenizer(backend, eos_token=END_OF_TEXT)
+
+
+def save_diffusion_drafter(directory, vocab_size: int, tokenizer=None, *, max_seq_len: int = 256):
+    """A random masked diffusion LM drafting for a target of `vocab_size` tokens, made as an AR → diffusion
+    adaptation is: a random causal model whose tokenizer (default `id_tokenizer`) gets an added mask
+    token, then bidirectional attention. Saved in `directory` for `load_pretrained`; returns it."""
+    from warpdecode.models.checkpoint import save_pretrained
+    from warpdecode.models.mask_token import add_mask_token
+    from warpdecode.models.tokenizer import MASK
+
+    tokenizer = tokenizer or id_tokenizer(vocab_size)
+    model = random_model(seed=5, std=0.5, vocab_size=vocab_size, n_layer=1, n_head=2, d_model=16, d_ff=32,
+                         max_seq_len=max_seq_len, eos_token_ids=[tokenizer.eos_token_id])
+    add_mask_token(model, tokenizer, MASK)
+    model.config.causal = False
+    save_pretrained(model, tokenizer, directory)
+    return directory

@@ -7,10 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import acceptance_head_package, eagle_package, heads_package, layer_router_package
+from tiny_models import (
+    acceptance_head_package,
+    eagle_package,
+    heads_package,
+    layer_router_package,
+    save_diffusion_drafter,
+)
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, encode_prompt, generate
+from warpdecode.models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -47,16 +54,18 @@ def retrieval_corpus(smollm2, tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def learned_drafters(smollm2, tmp_path_factory):
-    """Untrained EAGLE, Medusa and Hydra packages and a fixed-decision layer router for the real target
-    (exactness needs no training)."""
+    """Untrained EAGLE, Medusa and Hydra packages, a fixed-decision layer router and a random diffusion
+    drafter with the target's tokenizer for the real target (exactness needs no training)."""
     root = tmp_path_factory.mktemp("learned")
     REAL_OPTIONS["eagle"] = {"path": eagle_package(smollm2.model, root / "eagle")}
     for kind in ("medusa", "hydra"):
         REAL_OPTIONS[kind] = {"path": heads_package(smollm2.model, root / kind, kind)}
     ACCEPTANCE_HEAD["acceptance_head"] = acceptance_head_package(smollm2.model, root / "acceptance_head")
     REAL_OPTIONS["first"] = {"router": layer_router_package(smollm2.model, root / "first", skip=(9, 19))}
+    REAL_OPTIONS["diffuspec"] = {"model": str(save_diffusion_drafter(root / "dlm", smollm2.model.config.vocab_size,
+                                                                     Tokenizer.load(smollm2.directory)))}
     yield
-    for kind in ("eagle", "medusa", "hydra", "first"):
+    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec"):
         del REAL_OPTIONS[kind]
 
 

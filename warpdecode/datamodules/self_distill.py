@@ -494,15 +494,19 @@ class SelfDistillDataModule(LightningDataModule):
         answers = [e.tokens[e.prompt_length :] for e in self.datasets["train"].examples]
         return np.bincount(np.concatenate(answers).astype(np.int64), minlength=self.tokenizer.vocab_size)
 
+    def batch_collate(self, split: str) -> Callable[[list[Example]], dict[str, Tensor]]:
+        """How a list of examples of `split` becomes a batch (`collate`; subclasses lay batches out differently)."""
+        return collate
+
     def _loader(self, split: str) -> DataLoader:
         if not self.datasets:
             raise RuntimeError("call setup() before asking for a dataloader")
         dataset = self.datasets[split]
         if split == "train":
-            return ResumableLoader(dataset, batch_size=self.batch_size, collate_fn=collate,
+            return ResumableLoader(dataset, batch_size=self.batch_size, collate_fn=self.batch_collate(split),
                                    sampler=EpochShuffleSampler(len(dataset), self.seed),
                                    num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-        return DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate,
+        return DataLoader(dataset, batch_size=self.batch_size, collate_fn=self.batch_collate(split),
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:

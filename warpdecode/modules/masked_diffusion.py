@@ -29,6 +29,7 @@ from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.decoding.diffusion.policies.threshold import ThresholdCommit
 from warpdecode.errors import ConfigError
 from warpdecode.models.config import ModelConfig
+from warpdecode.models.mask_token import add_mask_token
 from warpdecode.models.tokenizer import MASK
 from warpdecode.modules.causal_lm import CausalLM
 
@@ -68,12 +69,14 @@ class MaskedDiffusionLM(CausalLM):
         eval_block_length: int = 8,
         eval_threshold: float = 0.9,
         stratified_t: bool = False,
+        eval_decode_batches: int | None = None,
     ) -> None:
         """
         Args:
             model: Architecture of a backbone trained from scratch (made bidirectional).
-            pretrained: A model directory to adapt instead (AR → diffusion: its attention becomes
-                bidirectional; its tokenizer needs the mask token).
+            pretrained: A model directory or name to adapt instead (AR → diffusion): its attention
+                becomes bidirectional, and a tokenizer without `mask_token` gets it as an added
+                special token with a new embedding row (`models/mask_token.py`).
             lr: Peak learning rate.
             min_lr_ratio: Final learning rate as a fraction of `lr` after the cosine decay.
             warmup_steps: Optimizer steps of linear warmup.
@@ -87,13 +90,15 @@ class MaskedDiffusionLM(CausalLM):
             eval_threshold: Confidence threshold of the parallel decoder run at validation.
             stratified_t: Draw a batch's masking ratios one per stratum of (0, 1) (lower variance
                 of the 1/t-weighted loss) instead of independently.
+            eval_decode_batches: Decode only the first this many validation batches (the loss uses
+                all); decoding long answers one token per step is the slow part of validation.
         """
         super().__init__(model, pretrained, lr, min_lr_ratio, warmup_steps, weight_decay, betas, init_std, export_dir)
         if not 0 < min_mask_ratio < 1:
             raise ConfigError(f"min_mask_ratio must be in (0, 1), got {min_mask_ratio}")
         for key, value in {"mask_token": mask_token, "min_mask_ratio": min_mask_ratio,
                            "eval_block_length": eval_block_length, "eval_threshold": eval_threshold,
-                           "stratified_t": stratified_t}.items():
+                           "stratified_t": stratified_t, "eval_decode_batches": eval_decode_batches}.items():
             self.hparams.setdefault(key, value)  # see CausalLM: recorded for subclasses built by LightningCLI
         self.config.causal = False
         self.exact_static, self.exact_parallel, self.steps_parallel = MeanMetric(), MeanMetric(), MeanMetric()
@@ -102,6 +107,8 @@ class MaskedDiffusionLM(CausalLM):
         super().setup(stage)
         if self.tokenizer is None:
             return
+        if self.hparams["pretrained"] is not None:  # adaptation: add the mask token where it is missing
+            add_mask_token(self.backbone, self.tokenizer, self.hparams["mask_token"])
         mask_id = self.tokenizer.backend.token_to_id(self.hparams["mask_token"])
         if mask_id is None:
             raise ConfigError(f"the tokenizer has no mask token {self.hparams['mask_token']!r}")
@@ -137,6 +144,9 @@ class MaskedDiffusionLM(CausalLM):
         generator = torch.Generator(device=batch["tokens"].device).manual_seed(batch_idx)
         losses = self.diffusion_loss(batch, generator)
         loss_metric.update(losses.mean(), weight=losses.numel())
+        limit = self.hparams.get("eval_decode_batches")
+        if limit is not None and batch_idx >= limit:
+            return
         prompts = [row[:p].tolist() for row, p in zip(batch["tokens"], batch["prompt_lengths"].tolist())]
         gen_length = int((batch["lengths"] - batch["prompt_lengths"]).max())
         eos = self.config.eos_token_ids[0]

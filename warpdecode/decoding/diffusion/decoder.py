@@ -29,6 +29,7 @@ from warpdecode.decoding.diffusion.layout import (
     answer_blocks,
     check_diffusion_model,
     layout,
+    token_probs,
 )
 from warpdecode.decoding.diffusion.protocols import CommitPolicy, StepView
 from warpdecode.errors import ConfigError
@@ -96,6 +97,7 @@ def diffusion_generate(
     B, L = tokens.shape
     block = answer_blocks(answer, block_length, L)  # (B, L)
     masked = answer.clone()
+    committed_confidence = torch.zeros(B, L, device=device)  # (B, L)
     stats = DiffusionStats(steps=[0] * B)
     policy.prepare(model)
     policy.reset(B, L)
@@ -103,10 +105,11 @@ def diffusion_generate(
     while masked.any():
         current = torch.where(masked, block, L).amin(1, keepdim=True)  # (B, 1)
         if reuse is None:
-            logits = model(tokens, attention_mask=attention).logits.float()  # (B, L, V)
+            logits = model(tokens, attention_mask=attention).logits  # (B, L, V)
         else:
             logits = reuse(tokens, block, current)
-        confidence, predicted = logits.softmax(-1).max(-1)
+        probs = token_probs(logits, mask_token_id)  # (B, L, V)
+        confidence, predicted = probs.max(-1)
         in_block = block == current
         active = masked & in_block
         commit = policy.select(StepView(logits, predicted, confidence, active, masked, in_block, answer, stats.forwards))
@@ -115,10 +118,13 @@ def diffusion_generate(
             raise RuntimeError(f"commit policy {type(policy).__name__} made no progress on a row")
         running = masked.any(1)
         tokens = torch.where(positions, commit.tokens, tokens)
+        chosen = probs.gather(-1, tokens[..., None])[..., 0]  # (B, L)
+        committed_confidence = torch.where(positions, chosen, committed_confidence)
         masked = masked & ~positions
         if eot_stop:
             filled = end_of_text_fill(tokens, masked, answer, eos_token_id)
             tokens = tokens.masked_fill(filled, eos_token_id)
+            committed_confidence = committed_confidence.masked_fill(filled, 1.0)
             positions = positions | filled
             masked = masked & ~filled
         stats.forwards += 1
@@ -129,4 +135,4 @@ def diffusion_generate(
     for row in range(B):
         ids = tokens[row][answer[row]].tolist()
         answers.append(ids[: ids.index(eos_token_id)] if eos_token_id in ids else ids)
-    return DiffusionOutput(answers, tokens.cpu(), stats)
+    return DiffusionOutput(answers, tokens.cpu(), stats, committed_confidence.cpu())

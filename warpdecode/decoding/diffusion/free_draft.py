@@ -23,6 +23,7 @@ from warpdecode.decoding.diffusion.layout import (
     answer_blocks,
     check_diffusion_model,
     layout,
+    token_probs,
 )
 from warpdecode.decoding.diffusion.protocols import Commit, StatelessPolicy, StepView
 from warpdecode.decoding.diffusion.selection import top_k_active
@@ -71,8 +72,8 @@ def free_draft_generate(model: Backbone, prompt: list[int], *, gen_length: int, 
     def forward(states: Tensor) -> tuple[Tensor, Tensor]:
         """(N, L) states → (N, L) confidence and top-1 tokens, one batched forward."""
         stats.forwards += 1
-        probs = model(states, attention_mask=attention.expand(len(states), -1, -1)).logits.float().softmax(-1)
-        return probs.max(-1)
+        logits = model(states, attention_mask=attention.expand(len(states), -1, -1)).logits
+        return token_probs(logits, mask_token_id).max(-1)
 
     masked = answer.clone()
     confidence, predicted = (t[0] for t in forward(tokens[None]))

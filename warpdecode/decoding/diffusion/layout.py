@@ -29,6 +29,9 @@ class DiffusionOutput:
     sequences: Tensor
     """(B, L) the final sequences: prompt, answer region, end-of-text padding."""
     stats: DiffusionStats
+    confidence: Tensor | None = None
+    """(B, L) fp32 probability each answer position's token had when it was committed (1 for
+    positions end-of-text stopping filled, 0 outside the answer); None where a decoder does not keep it."""
 
 
 def check_diffusion_model(model: Backbone) -> int:
@@ -38,6 +41,12 @@ def check_diffusion_model(model: Backbone) -> int:
     if model.config.mask_token_id is None:
         raise ConfigError("this diffusion LM's config names no mask_token_id")
     return model.config.mask_token_id
+
+
+def token_probs(logits: Tensor, mask_token_id: int) -> Tensor:
+    """(..., V) logits → fp32 probabilities with the mask token excluded: a committed position never
+    becomes a mask again (the model may still give the mask token mass, it is never a training target)."""
+    return logits.float().index_fill(-1, torch.tensor([mask_token_id], device=logits.device), -torch.inf).softmax(-1)
 
 
 def layout(prompts: list[list[int]], gen_length: int, mask_token_id: int, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -3,6 +3,7 @@
 from warpdecode.decoding.drafters import (  # noqa: F401
     adaptive_ngram,
     copy_input,
+    diffuspec,
     draft_model,
     eagle,
     empty,
