@@ -54,6 +54,21 @@ def test_distillation_keeps_the_models_answers_and_exports(dlm_dir: Path, tmp_pa
     assert distilled.config.causal is False and distilled.config.mask_token_id == model.config.mask_token_id
 
 
+def test_correct_only_keeps_the_answers_the_checker_accepts(dlm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from warpdecode.bench.parallel_tasks import TaskExample
+
+    args = {"tasks": "copy,add", "train_examples": 32, "val_examples": 8, "gen_length": 14, "block_length": 7,
+            "decode_batch_size": 16, "correct_only": True}
+    with pytest.raises(ConfigError, match="none of the model's 32 own answers is correct"):
+        SelfDecodedTasksDataModule(str(dlm_dir), **args).setup("fit")  # an untrained model gets none right
+    monkeypatch.setattr(TaskExample, "correct", lambda self, output: self.task == "copy")
+    data = SelfDecodedTasksDataModule(str(dlm_dir), **args)
+    data.setup("fit")
+    assert len(data.train) == 16  # type: ignore[arg-type]
+    prompts = {data.tokenizer.decode(ids[:n].tolist()) for ids, n in data.train}  # type: ignore[attr-defined]
+    assert all(p.startswith("copy:") for p in prompts)
+
+
 def test_needs_a_trained_model() -> None:
     with pytest.raises(ConfigError, match="pretrained"):
         CertaintyForcingLM()

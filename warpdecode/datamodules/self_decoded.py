@@ -8,6 +8,7 @@ keeps the tasks' true answers, so it measures real accuracy.
 
 from __future__ import annotations
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -30,6 +31,7 @@ class SelfDecodedTasksDataModule(ParallelTasksDataModule):
         decode_batch_size: int = 256,
         batch_size: int = 64,
         seed: int = 0,
+        correct_only: bool = False,
     ) -> None:
         """
         Args:
@@ -42,11 +44,14 @@ class SelfDecodedTasksDataModule(ParallelTasksDataModule):
             decode_batch_size: Prompts decoded together.
             batch_size: Examples per training batch.
             seed: Seed of the training prompts and their order.
+            correct_only: Keep only the answers the task's checker accepts (distil what the model
+                gets right, not its mistakes); the kept count is logged.
         """
         if model is None:
             raise ConfigError("set data.init_args.model to the diffusion LM whose own answers are distilled")
         super().__init__(tasks, train_examples, val_examples, gen_length, batch_size, seed)
         self.model_source, self.block_length, self.decode_batch_size = model, block_length, decode_batch_size
+        self.correct_only = correct_only
         self.decoded = False
 
     def setup(self, stage: str) -> None:
@@ -61,6 +66,15 @@ class SelfDecodedTasksDataModule(ParallelTasksDataModule):
             batch = prompts[start : start + self.decode_batch_size]
             out = diffusion_generate(model, batch, FixedCommit(1), gen_length=self.gen_length,
                                      block_length=self.block_length, eos_token_id=self.tokenizer.eos_token_id)
-            items += [(out.sequences[row, : len(p) + self.gen_length].clone(), len(p)) for row, p in enumerate(batch)]
+            for row, p in enumerate(batch):
+                index = start + row
+                if self.correct_only and not self.train.example(index).correct(self.tokenizer.decode(out.answers[row])):
+                    continue
+                items.append((out.sequences[row, : len(p) + self.gen_length].clone(), len(p)))
+        if not items:
+            raise ConfigError(f"none of the model's {len(prompts)} own answers is correct: nothing to distil "
+                              f"(train the model further or set correct_only: false)")
+        rank_zero_info(f"distilling {len(items)} of {len(prompts)} own answers"
+                       + (" (the correct ones)" if self.correct_only else ""))
         self.train = FixedExamples(items)
         self.decoded = True
