@@ -1,5 +1,5 @@
-"""Medusa and Hydra heads exported as ONNX graphs: same logits as the PyTorch heads, and used by the
-drafters when the target runs in ONNX Runtime."""
+"""Medusa and Hydra heads and the EAGLE network exported as ONNX graphs: same outputs as the PyTorch
+networks, and used by the drafters when the target runs in ONNX Runtime."""
 
 from pathlib import Path
 
@@ -9,8 +9,9 @@ from tiny_models import greedy_target
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.export.drafter_graphs import MEDUSA_GRAPH, OnnxHeads, hydra_graph
+from warpdecode.export.drafter_graphs import EAGLE_GRAPHS, MEDUSA_GRAPH, OnnxEagle, OnnxHeads, hydra_graph
 from warpdecode.export.package import InferencePackage
+from warpdecode.models.cache import KVCache
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -19,7 +20,27 @@ def test_graphs_are_in_the_package(tiny_package):
     files = InferencePackage.load(tiny_package).manifest["files"]
     assert "drafters/medusa/" + MEDUSA_GRAPH in files
     assert {f"drafters/hydra/{hydra_graph(k)}" for k in range(1, 5)} <= set(files)
-    assert not any(name.startswith("drafters/eagle/") and name.endswith(".onnx") for name in files)
+    assert {f"drafters/eagle/{name}" for name in EAGLE_GRAPHS} <= set(files)
+
+
+def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package):
+    directory = Path(tiny_package) / "drafters" / "eagle"
+    target = greedy_target()
+    net = registry.build("drafter", "eagle", path=str(directory)).load_net(target)
+    graphs = OnnxEagle.find(directory, threads=1)
+    assert graphs is not None
+    caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]
+    tree = torch.tensor([[[True, False, False], [True, True, False], [True, False, True]]])
+    steps = [(torch.randn(1, 5, 32), torch.randint(0, 64, (1, 5)), torch.arange(1, 6)[None], None),  # prompt pairs
+             (torch.randn(1, 3, 32), torch.randint(0, 64, (1, 3)), torch.tensor([[6, 7, 7]]), tree)]  # a tree
+    with torch.inference_mode():
+        for features, tokens, positions, mask in steps:
+            expected, _ = net(features, tokens, target.embed, positions, caches[0], mask)
+            got, _ = graphs(features, tokens, target.embed, positions, caches[1], mask)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(graphs.head(got), net.head(expected), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(caches[1].k[:, :, :, :8], caches[0].k[:, :, :, :8], atol=1e-5, rtol=1e-5)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [8]
 
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])
@@ -38,7 +59,7 @@ def test_graph_logits_equal_the_pytorch_heads(tiny_package, kind):
                                        atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "eagle"])
 def test_drafters_run_their_graphs_on_onnxruntime(tiny_package, kind):
     package = InferencePackage.load(tiny_package)
     ort = package.backbone("onnxruntime", threads=1)

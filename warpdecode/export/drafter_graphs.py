@@ -1,13 +1,19 @@
-"""ONNX graphs of the trained Medusa and Hydra heads, and running them in ONNX Runtime.
+"""ONNX graphs of the trained drafter networks (Medusa and Hydra heads, the EAGLE layer), and running
+them in ONNX Runtime.
 
 An inference package stores them beside each drafter package (`drafters/<kind>/`):
 
-    heads.onnx       Medusa: features (M, C) → logits (M, K, N), every head at once
-    head_<k>.onnx    Hydra head k = 1..K: features (M, C), embeds (M, k, C) → logits (M, N)
+    heads.onnx         Medusa: features (M, C) → logits (M, K, N), every head at once
+    head_<k>.onnx      Hydra head k = 1..K: features (M, C), embeds (M, k, C) → logits (M, N)
+    eagle_layer.onnx   EAGLE: features (B, T, C), embeds (B, T, C), position_ids (B, T),
+                       attention_mask (B, 1, T, S + T), past_key_0 / past_value_0 (B, Hkv, S, D)
+                       → hidden (B, T, C) predicted features, new_keys / new_values (1, B, Hkv, T, D)
+                       (the backbone's step graph form, `export.step_graph`, on the pair inputs)
+    eagle_head.onnx    EAGLE: features (M, C) → logits (M, N)
 
 (N: the draft vocabulary; the graphs hold the frozen head rows, so they need nothing from the
-target but its features and, for Hydra, its token embeddings.) On an ONNX Runtime target the
-drafters run these graphs instead of their PyTorch networks (`OnnxHeads`), so drafting and
+target but its features and its token embeddings.) On an ONNX Runtime target the drafters run
+these graphs instead of their PyTorch networks (`OnnxHeads`, `OnnxEagle`), so drafting and
 verifying share one runtime; the PyTorch network stays the reference they are tested against.
 """
 
@@ -22,10 +28,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from warpdecode.export.onnx_graph import OPSET, quiet_exporter
+from warpdecode.export.onnx_graph import OPSET, cache_shapes, export_optimized, quiet_exporter
+from warpdecode.export.onnxruntime_backend import run_step_graph
+from warpdecode.export.step_graph import StepGraph
+from warpdecode.models.cache import KVCache
+from warpdecode.models.eagle import EagleNet
 from warpdecode.models.medusa import FutureHeads, HydraHeads
+from warpdecode.models.transformer import new_token_mask
 
 MEDUSA_GRAPH = "heads.onnx"
+EAGLE_GRAPHS = ("eagle_layer.onnx", "eagle_head.onnx")
 
 
 def hydra_graph(k: int) -> str:
@@ -41,6 +53,54 @@ class _HydraStep(nn.Module):
         return self.net.step(self.k, features, embeds)
 
 
+class _Head(nn.Module):
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.head(features)
+
+
+class EagleStepGraph(StepGraph):
+    """The EAGLE layer's step: fc over the (feature, token embedding) pairs, then the one block and
+    norm exactly as the backbone's step graph runs its blocks."""
+
+    def __init__(self, net: EagleNet) -> None:
+        super().__init__(net.layer, ())
+        self.fc = net.fc
+
+    def input_names(self) -> list[str]:
+        return ["features", "embeds", "position_ids", "attention_mask", "past_key_0", "past_value_0"]
+
+    def output_names(self) -> list[str]:
+        return ["hidden", "new_keys", "new_values"]
+
+    def forward(self, features: Tensor, embeds: Tensor, position_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
+                *past: Tensor) -> tuple[Tensor, ...]:
+        x = self.fc(torch.cat([features, embeds], dim=-1))
+        hidden, new_keys, new_values, _ = self.run_blocks(x, position_ids, attention_mask, past)
+        return hidden, new_keys, new_values
+
+
+def export_eagle_graphs(net: EagleNet, directory: Path) -> list[str]:
+    """Write the EAGLE layer's step graph and its head's graph into `directory`; the file names."""
+    from torch.export import Dim
+
+    net.unpack()  # the export traces the dense weights
+    config, C = net.config, net.fc.out_features
+    B, T, S = 2, 3, 5  # distinct sizes > 1: the exporter keeps every dimension dynamic
+    inputs = (torch.zeros(B, T, C), torch.zeros(B, T, C), (S + torch.arange(T)).expand(B, T).contiguous(),
+              torch.ones(B, 1, T, S + T, dtype=torch.bool),
+              *(torch.zeros(B, config.kv_head_count, S, config.head_width) for _ in range(2)))
+    batch, new = Dim("batch"), Dim("new_tokens")
+    shapes = {"features": {0: batch, 1: new}, "embeds": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
+              "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "past": cache_shapes(1, batch)}
+    export_optimized(EagleStepGraph(net).eval(), inputs, shapes, directory / EAGLE_GRAPHS[0], external_data=False)
+    _export(_Head(net.head), (torch.zeros(2, C),), ["features"], directory / EAGLE_GRAPHS[1])
+    return list(EAGLE_GRAPHS)
+
+
 def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path: Path) -> None:
     from torch.export import Dim
 
@@ -52,9 +112,11 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path:
                           output_names=["logits"], opset_version=OPSET, external_data=False, verbose=False)
 
 
-def export_heads_graphs(net: FutureHeads, directory: Path) -> list[str]:
-    """Write the graphs of `net` (Medusa or Hydra heads, fp32, as `PackagedDrafter.load_net` gives
-    them) into `directory`; the file names written."""
+def export_drafter_graphs(net: FutureHeads | EagleNet, directory: Path) -> list[str]:
+    """Write the graphs of `net` (Medusa or Hydra heads or an EAGLE network, fp32, as
+    `PackagedDrafter.load_net` gives them) into `directory`; the file names written."""
+    if isinstance(net, EagleNet):
+        return export_eagle_graphs(net, directory)
     C = net.head.in_features
     if isinstance(net, HydraHeads):
         for k in range(1, net.num_heads + 1):
@@ -63,6 +125,56 @@ def export_heads_graphs(net: FutureHeads, directory: Path) -> list[str]:
         return [hydra_graph(k) for k in range(1, net.num_heads + 1)]
     _export(net, (torch.zeros(2, C),), ["features"], directory / MEDUSA_GRAPH)
     return [MEDUSA_GRAPH]
+
+
+def cpu_session(path: Path, threads: int | None) -> object:
+    """An ONNX Runtime CPU session for a drafter graph."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_graph(session: object, **inputs: Tensor) -> Tensor:
+    """The first output of `session` on fp32 inputs, as a torch tensor."""
+    feeds = {name: np.ascontiguousarray(t.detach().float().cpu().numpy()) for name, t in inputs.items()}
+    return torch.from_numpy(session.run(None, feeds)[0])  # type: ignore[attr-defined]
+
+
+class OnnxEagle:
+    """The EAGLE graphs in ONNX Runtime, called like the network: `eagle(features, tokens, embed,
+    positions, cache, attention_mask)` → (predicted features, empty logits) and `eagle.head(features)`."""
+
+    def __init__(self, layer: object, head: object) -> None:
+        self.layer, self.head_session = layer, head
+        self.names = [i.name for i in layer.get_inputs()]  # type: ignore[attr-defined]
+
+    @classmethod
+    def find(cls, directory: Path, threads: int | None = None) -> OnnxEagle | None:
+        """The graphs in `directory`, or None if either is missing."""
+        paths = [directory / name for name in EAGLE_GRAPHS]
+        if not all(path.is_file() for path in paths):
+            return None
+        return cls(*(cpu_session(path, threads) for path in paths))
+
+    def __call__(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor, cache: KVCache,
+                 attention_mask: Tensor | None = None, logits_slice: slice | None = None) -> tuple[Tensor, Tensor]:
+        """As `EagleNet.forward` with a cache; logits are left to `head` (drafting asks for none here)."""
+        B, T, C = features.shape
+        hidden = torch.empty(B, T, C, dtype=cache.k.dtype)
+        leading = [features.to(cache.k.dtype).contiguous(), embed(tokens).to(cache.k.dtype).contiguous()]
+        run_step_graph(self.layer, self.names, leading, positions.to(torch.int64), cache,
+                       new_token_mask(attention_mask, B, T), True, [], {"hidden": hidden})
+        if logits_slice is not None and not range(T)[logits_slice]:
+            return hidden, torch.empty(B, 0, 0)
+        return hidden, self.head(hidden[:, logits_slice or slice(None)])
+
+    def head(self, features: Tensor) -> Tensor:
+        """(..., C) → (..., N) draft-vocabulary logits."""
+        flat = features.reshape(-1, features.shape[-1])
+        return run_graph(self.head_session, features=flat).reshape(*features.shape[:-1], -1)
 
 
 class OnnxHeads:
@@ -75,21 +187,14 @@ class OnnxHeads:
     @classmethod
     def find(cls, directory: Path, net: FutureHeads, threads: int | None = None) -> OnnxHeads | None:
         """The graphs in `directory` for `net`'s kind and head count, or None if any is missing."""
-        import onnxruntime as ort
-
         files = ({k: directory / hydra_graph(k) for k in range(1, net.num_heads + 1)} if isinstance(net, HydraHeads)
                  else {0: directory / MEDUSA_GRAPH})
         if not all(path.is_file() for path in files.values()):
             return None
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return cls({k: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-                    for k, path in files.items()})
+        return cls({k: cpu_session(path, threads) for k, path in files.items()})
 
     def _run(self, key: int, **inputs: Tensor) -> Tensor:
-        feeds = {name: np.ascontiguousarray(t.detach().float().cpu().numpy()) for name, t in inputs.items()}
-        return torch.from_numpy(self.sessions[key].run(None, feeds)[0])  # type: ignore[attr-defined]
+        return run_graph(self.sessions[key], **inputs)
 
     def __call__(self, features: Tensor) -> Tensor:
         """(M, C) → (M, K, N), as `MedusaHeads.forward`."""

@@ -52,34 +52,48 @@ def export_step_graph(model: Transformer, path: Path,
     `hidden_layers`: the hidden states (0..L, see `BackboneOutput`) the graph returns beside the
     logits; drafters can only read these on an exported backbone.
     """
-    import onnx
-    from onnxscript.optimizer import optimize_ir
     from torch.export import Dim
 
     graph = StepGraph(model, hidden_layers).eval()
     model.unpack()  # the export traces the dense weights (packed copies are a CPU runtime detail)
-    batch, new, cache_len, logits = Dim("batch"), Dim("new_tokens"), Dim("cache_len"), Dim("logits")
-    shapes = {
-        "input_ids": {0: batch, 1: new},
-        "position_ids": {0: batch, 1: new},
-        "attention_mask": {0: batch, 2: new, 3: Dim.AUTO},
-        "logit_index": {0: logits},
-        "past": tuple({0: batch, 2: cache_len} for _ in range(2 * model.config.n_layer)),
-    }
+    batch, new = Dim("batch"), Dim("new_tokens")
+    shapes = {"input_ids": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
+              "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "logit_index": {0: Dim("logits")},
+              "past": cache_shapes(model.config.n_layer, batch)}
+    program = export_optimized(graph, _example_inputs(model), shapes, path, external_data=True)
+    return graph, _weight_aliases(model, set(program.model.graph.initializers))
+
+
+def cache_shapes(n_layer: int, batch: Any) -> tuple[dict[int, Any], ...]:
+    """Dynamic shapes of a step graph's per-layer cache inputs (B, Hkv, S, D): batch and cache length."""
+    from torch.export import Dim
+
+    cache_len = Dim("cache_len")
+    return tuple({0: batch, 2: cache_len} for _ in range(2 * n_layer))
+
+
+def export_optimized(graph: torch.nn.Module, inputs: tuple[torch.Tensor, ...], shapes: dict[str, Any], path: Path,
+                     *, external_data: bool) -> Any:
+    """torch.onnx.export (dynamo, opset 18) of `graph`'s forward over `inputs`, names from its
+    `input_names()` / `output_names()`, cleaned by onnxscript's optimizer, saved at `path` and checked
+    with `onnx.checker`; returns the ONNX program."""
+    import onnx
+    from onnxscript.optimizer import optimize_ir
+
     quiet = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), quiet_exporter():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(graph, _example_inputs(model), None, dynamo=True, dynamic_shapes=shapes,
-                                    input_names=graph.input_names(), output_names=graph.output_names(),
+        program = torch.onnx.export(graph, inputs, None, dynamo=True, dynamic_shapes=shapes,
+                                    input_names=graph.input_names(), output_names=graph.output_names(),  # type: ignore[operator]
                                     opset_version=OPSET, optimize=False, verbose=False)
         assert program is not None
         # Fold and clean the graph (the raw export splits q/k/v through sequence ops that cost ONNX
         # Runtime ~25% of a decode step), but leave the weights' transposes to ONNX Runtime so the
         # weights keep their names.
         optimize_ir(program.model, should_fold=lambda node: False if node.op_type == "Transpose" else None)
-        program.save(str(path), external_data=True)
+        program.save(str(path), external_data=external_data)
     onnx.checker.check_model(str(path))
-    return graph, _weight_aliases(model, set(program.model.graph.initializers))
+    return program
 
 
 def _weight_aliases(model: Transformer, kept: set[str]) -> dict[str, str]:

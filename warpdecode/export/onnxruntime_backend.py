@@ -146,39 +146,57 @@ class OnnxRuntimeBackbone:
         """One graph run over T new tokens (B, T); logits (B, K, V) at `index` (K,), every exported
         hidden state (B, T, C). Writes the new keys and values into `cache` and advances it."""
         B, T = tokens.shape
-        plan = cache.plan_write(T)
-        if plan.used == T:  # empty cache (a prefill): no cache slots to attend to
-            S, past_k, past_v = 0, cache.k[:, :, :, :0], cache.v[:, :, :, :0]
-        elif T >= COPY_PREFIX_ROWS:  # compute-bound: copy the committed prefix, attend to it alone
-            S = int(plan.start.max())
-            past_k, past_v = cache.k[:, :, :, :S].contiguous(), cache.v[:, :, :, :S].contiguous()
-        else:  # a decode or verify step: every layer's whole buffer, bound in place, unused slots masked
-            S, past_k, past_v = cache.max_len, cache.k, cache.v
-        past = torch.arange(S)[None, None, :] < plan.start[:, None, None]  # (B, 1, S): committed slots
-        if new_mask is None:
-            new_mask = default_new_mask(T, self.config.causal)
-        mask = torch.cat((past.expand(B, T, S), new_mask.expand(B, T, T)), dim=-1)[:, None].contiguous()
-
-        L, Hkv, D = self.config.n_layer, self.config.kv_head_count, self.config.head_width
         dtype = cache.k.dtype
-        inputs = [tokens.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(), mask, index.contiguous()]
-        inputs += [buffer[i] for i in range(L) for buffer in (past_k, past_v)]
         logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
-        new_k, new_v = torch.empty(L, B, Hkv, T, D, dtype=dtype), torch.empty(L, B, Hkv, T, D, dtype=dtype)
         hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
-        outputs = {"logits": logits, "new_keys": new_k, "new_values": new_v} | {f"hidden_{j}": h for j, h in hidden.items()}
-        binding = self.session.io_binding()
-        for name, tensor in zip(self.names, inputs, strict=True):
-            if tensor.numel():
-                _bind(binding, "bind_input", name, tensor)
-            else:
-                binding.bind_cpu_input(name, np.empty(tuple(tensor.shape), NUMPY_DTYPES[tensor.dtype]))
-        for name, tensor in outputs.items():
-            if tensor.numel():
-                _bind(binding, "bind_output", name, tensor)
-            else:  # an empty buffer has no address to bind: let ONNX Runtime allocate the empty output
-                binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
-        cache.write_all(new_k, new_v, plan)
-        cache.advance(plan)
+        run_step_graph(self.session, self.names, [tokens.to(torch.int64).contiguous()], positions, cache, new_mask,
+                       self.config.causal, [index.contiguous()],
+                       {"logits": logits} | {f"hidden_{j}": h for j, h in hidden.items()})
         return logits, hidden
+
+
+def run_step_graph(session: object, names: list[str], leading: list[Tensor], positions: Tensor, cache: KVCache,
+                   new_mask: Tensor | None, causal: bool, extra: list[Tensor], outputs: dict[str, Tensor]) -> None:
+    """Run a step graph (`export.step_graph`: the backbone's, or a drafter's built on it) over T new
+    positions against `cache`, then write the new keys/values into it and advance it.
+
+    Args:
+        leading: the graph's inputs before `position_ids` (input_ids (B, T), or a drafter's features).
+        positions: (B, T) int64. new_mask: (B or 1, T, T) bool among the new positions, or None for
+            the default (causal or bidirectional).
+        extra: the inputs between `attention_mask` and the cache (the backbone's `logit_index`).
+        outputs: preallocated tensors for the graph's outputs other than new_keys / new_values.
+    """
+    B, T = positions.shape
+    plan = cache.plan_write(T)
+    if plan.used == T:  # empty cache (a prefill): no cache slots to attend to
+        S, past_k, past_v = 0, cache.k[:, :, :, :0], cache.v[:, :, :, :0]
+    elif T >= COPY_PREFIX_ROWS:  # compute-bound: copy the committed prefix, attend to it alone
+        S = int(plan.start.max())
+        past_k, past_v = cache.k[:, :, :, :S].contiguous(), cache.v[:, :, :, :S].contiguous()
+    else:  # a decode or verify step: every layer's whole buffer, bound in place, unused slots masked
+        S, past_k, past_v = cache.max_len, cache.k, cache.v
+    past = torch.arange(S)[None, None, :] < plan.start[:, None, None]  # (B, 1, S): committed slots
+    if new_mask is None:
+        new_mask = default_new_mask(T, causal)
+    mask = torch.cat((past.expand(B, T, S), new_mask.expand(B, T, T)), dim=-1)[:, None].contiguous()
+
+    L, Hkv, D = cache.k.shape[0], cache.k.shape[2], cache.k.shape[4]
+    new_k = torch.empty(L, B, Hkv, T, D, dtype=cache.k.dtype)
+    new_v = torch.empty(L, B, Hkv, T, D, dtype=cache.k.dtype)
+    inputs = [*leading, positions.to(torch.int64).contiguous(), mask, *extra]
+    inputs += [buffer[i] for i in range(L) for buffer in (past_k, past_v)]
+    binding = session.io_binding()  # type: ignore[attr-defined]
+    for name, tensor in zip(names, inputs, strict=True):
+        if tensor.numel():
+            _bind(binding, "bind_input", name, tensor)
+        else:
+            binding.bind_cpu_input(name, np.empty(tuple(tensor.shape), NUMPY_DTYPES[tensor.dtype]))
+    for name, tensor in ({"new_keys": new_k, "new_values": new_v} | outputs).items():
+        if tensor.numel():
+            _bind(binding, "bind_output", name, tensor)
+        else:  # an empty buffer has no address to bind: let ONNX Runtime allocate the empty output
+            binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+    cache.write_all(new_k, new_v, plan)
+    cache.advance(plan)

@@ -34,7 +34,7 @@ import warpdecode
 from warpdecode.decoding import registry
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
 from warpdecode.export.accuracy import compare_models
-from warpdecode.export.drafter_graphs import export_heads_graphs
+from warpdecode.export.drafter_graphs import export_drafter_graphs
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
@@ -48,7 +48,7 @@ FORMAT = "warpdecode-package"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPH = "backbone.onnx"
-HEADS_KINDS = ("medusa", "hydra")
+GRAPH_KINDS = ("medusa", "hydra", "eagle")
 """Drafters whose networks are exported as ONNX graphs too (`export.drafter_graphs`)."""
 CONTROL_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "acceptance_head": (("int4_self", "int8_self"), "acceptance_head"),
@@ -125,9 +125,9 @@ def export_package(
             tokenizer.save(tmp)
         for kind, package in included.items():
             package.save(tmp / "drafters" / kind)
-            if kind in HEADS_KINDS:
+            if kind in GRAPH_KINDS:
                 drafter = registry.build("drafter", kind, path=str(sources[kind]))
-                export_heads_graphs(drafter.load_net(model), tmp / "drafters" / kind)
+                export_drafter_graphs(drafter.load_net(model), tmp / "drafters" / kind)
         variants = {}
         head = None if model.lm_head is None else model.lm_head.weight.detach()
 

@@ -75,10 +75,13 @@ class StepGraph(nn.Module):
         y = y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return attn.o_proj(y), k, v
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor, logit_index: Tensor,
-                *past: Tensor) -> tuple[Tensor, ...]:
+    def run_blocks(self, x: Tensor, position_ids: Tensor, attention_mask: Tensor,
+                   past: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor]]:
+        """The blocks and final norm over block inputs x (B, T, C) (token embeddings, or a drafter's own).
+
+        Returns the final normed states (B, T, C), new keys / values (L, B, Hkv, T, D) and the hidden
+        states of `hidden_layers` (the final one included)."""
         model = self.model
-        x = model.embed(input_ids)  # (B, T, C)
         rope = None
         if model.pos_embed is not None:
             x = x + model.pos_embed(position_ids)
@@ -97,6 +100,11 @@ class StepGraph(nn.Module):
             new_values.append(v)
         x = model.norm(x)
         hidden[model.config.n_layer] = x
-        logits = model.head(x.index_select(1, logit_index))
-        return (logits, torch.stack(new_keys), torch.stack(new_values),
-                *(hidden[j] for j in self.hidden_layers))
+        return x, torch.stack(new_keys), torch.stack(new_values), hidden
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor, logit_index: Tensor,
+                *past: Tensor) -> tuple[Tensor, ...]:
+        x, new_keys, new_values, hidden = self.run_blocks(self.model.embed(input_ids), position_ids, attention_mask,
+                                                          past)
+        logits = self.model.head(x.index_select(1, logit_index))
+        return (logits, new_keys, new_values, *(hidden[j] for j in self.hidden_layers))

@@ -108,6 +108,11 @@ class EagleNet(DraftVocabNet):
         self.layer.pack_for_cpu_inference()
         self.fc.pack()
 
+    def unpack(self) -> None:
+        """Drop the packed copies (an ONNX export traces the dense weights)."""
+        self.layer.unpack()
+        self.fc.unpack()
+
     def pair_inputs(self, features: Tensor, tokens: Tensor, embed: nn.Embedding) -> Tensor:
         """features (B, T, C) and next tokens (B, T) → block inputs (B, T, C)."""
         return self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))

@@ -13,6 +13,7 @@ Tree shapes (`tree=`): `static` (default) and `chain` as every packaged drafter 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,9 +25,11 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
+from warpdecode.export.drafter_graphs import OnnxEagle
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.eagle import EagleNet
+from warpdecode.models.transformer import Transformer
 
 
 def ancestor_mask(parents: list[int]) -> Tensor:
@@ -64,6 +67,20 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         """True pairs in the draft cache."""
         self.pairs: tuple[Tensor, list[int]] | None = None
         """Pairs not yet fed: target features (m, C) and the token after each."""
+        self.graphs: OnnxEagle | None = None
+        """The network's ONNX graphs, used when the target is not a PyTorch model and they exist."""
+
+    def prepare(self, target: Backbone) -> None:
+        checked = self.checked
+        super().prepare(target)
+        if self.checked is not checked:
+            self.graphs = None if isinstance(target, Transformer) else OnnxEagle.find(Path(self.path))
+
+    @property
+    def network(self) -> EagleNet | OnnxEagle:
+        """What drafts: the ONNX graphs on an ONNX Runtime target (when exported), else the PyTorch network."""
+        assert self.net is not None, "prepare() must run first"
+        return self.graphs or self.net
 
     def build(self, target: Backbone, config: dict[str, Any]) -> EagleNet:
         return EagleNet(target.config, config["draft_vocab_size"], config["d_ff"])
@@ -82,7 +99,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         self.pairs = (state.hidden_states[self.needs_hidden_states[0]], result.tokens)
 
     def run(self, features: Tensor, tokens: list[int], depths: list[int], mask: Tensor | None) -> Tensor:
-        """Feed pairs after the committed ones; (n, C) predicted features (logits: `self.net.head`).
+        """Feed pairs after the committed ones; (n, C) predicted features (logits: `self.network.head`).
 
         Args:
             features: (n, C) input features; `depths`: position offset of each pair after the committed ones.
@@ -90,8 +107,8 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         """
         assert self.net is not None and self.checked is not None and self.cache is not None
         positions = torch.tensor([[self.committed + d for d in depths]], device=features.device)
-        hidden, _ = self.net(features[None], torch.tensor([tokens], device=features.device), self.checked.embed,
-                             positions, self.cache, mask, logits_slice=slice(0, 0))
+        hidden, _ = self.network(features[None], torch.tensor([tokens], device=features.device), self.checked.embed,
+                                 positions, self.cache, mask, logits_slice=slice(0, 0))
         return hidden[0]
 
     @torch.inference_mode()
@@ -101,7 +118,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         self.pairs = None
         feature = self.run(features, tokens, list(range(1, len(tokens) + 1)), None)[-1]  # after the pending token
         self.committed += len(tokens)
-        root = (feature, self.net.head(feature))
+        root = (feature, self.network.head(feature))
         if budget < 1:
             return DraftTree.empty()
         tree = self.dynamic(root, budget) if self.tree == "dynamic" else self.fill(root, budget)
@@ -125,7 +142,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
             self.cache.truncate(self.committed)  # type: ignore[union-attr]
             for i in grow:
                 outputs[i] = hidden[local[i]]
-            return ranked_tokens(self.net.head(hidden[[local[i] for i in grow]]), vocab, layout.width)  # type: ignore[union-attr]
+            return ranked_tokens(self.network.head(hidden[[local[i] for i in grow]]), vocab, layout.width)
 
         return fill_shape(layout, ranked_tokens(root[1][None], vocab, layout.width)[0], rank_children)
 
@@ -139,7 +156,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
             hidden = self.run(inputs, path, list(range(1, len(path) + 1)), None)[-1]
             self.cache.truncate(self.committed)  # type: ignore[union-attr]
             outputs[tuple(path)] = hidden
-            return self.full_logits(self.net.head(hidden))  # type: ignore[union-attr]
+            return self.full_logits(self.network.head(hidden))
 
         return grow_dynamic_tree(self.full_logits(root[1]), expand, min(self.num_nodes or 16, budget),
                                  self.num_tokens, self.top_k)
