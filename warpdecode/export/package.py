@@ -8,7 +8,8 @@
       tokenizer.json, tokenizer_config.json
       drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
                                their data-built draft tree), checked against the target at export;
-                               Medusa and Hydra heads also as ONNX graphs (`export.drafter_graphs`);
+                               Medusa and Hydra heads and the EAGLE network also as ONNX graphs
+                               (`export.drafter_graphs`);
                                also the small learned controls (a SpecDec++ acceptance head, FiRST
                                layer routers), which the drafters reading them pick up
 
