@@ -130,5 +130,12 @@ def test_generate_decodes_a_diffusion_lm_under_a_commit_policy(dlm_dir, capsys):
     code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--method-options", '{"kv_cache": "all"}'],
                        capsys)
     assert code == 2 and "kv_cache must be one of" in err
-    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--temperature", "0.5"], capsys)
-    assert code == 2 and "greedily" in err
+    sampled = []
+    for _ in range(2):
+        main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--temperature",
+              "1.5", "--seed", "3", "--json"])
+        sampled.append(json.loads(capsys.readouterr().out))
+    assert sampled[0]["token_ids"] == sampled[1]["token_ids"] and sampled[0]["stats"]["steps"] == 14  # seeded
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--temperature", "0.5", "--top-p", "0.9"],
+                       capsys)
+    assert code == 2 and "temperature only" in err

@@ -85,9 +85,9 @@ def generate(
     A masked diffusion LM (a bidirectional --model) decodes its answer in parallel instead: --method
     names a commit policy (default fixed, one token per step; `warpdecode methods` lists them),
     --method-options its options plus block_length (8), eot_stop and kv_cache (none, prefix or
-    dual: Fast-dLLM's approximate reuse of keys/values within a block), and --max-new-tokens is the
-    answer region: `warpdecode generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16
-    --method threshold`.
+    dual: Fast-dLLM's approximate reuse of keys/values within a block), --max-new-tokens is the
+    answer region, and --temperature (with --seed) samples each step's candidates: `warpdecode
+    generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold`.
         verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
         verifier_options: the verifier's options as JSON.
         controller: draft budget per step: fixed, or adaptive (grows while drafts are accepted).
@@ -105,10 +105,11 @@ def generate(
         torch.set_num_threads(threads)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads)
     if not target.config.causal:
-        if temperature > 0:
-            raise ConfigError("diffusion LMs decode greedily here; drop --temperature")
+        if top_k is not None or top_p is not None or min_p is not None or typical_p is not None:
+            raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options or {}, max_new_tokens,
-                            json_output)
+                            json_output, temperature, generator)
         return
     method = method or default_method
     built = build_method(method, do_sample=temperature > 0, verifier=verifier,
@@ -150,7 +151,8 @@ def generate(
 
 
 def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: str, policy_name: str,
-                        options: dict[str, Any], gen_length: int, json_output: bool) -> None:
+                        options: dict[str, Any], gen_length: int, json_output: bool, temperature: float,
+                        generator: torch.Generator | None) -> None:
     """Decode a masked diffusion LM's answer under a commit policy (`--method`, default one token per step)."""
     from warpdecode.decoding import registry
     from warpdecode.decoding.diffusion.decoder import diffusion_generate, split_decoder_options
@@ -161,7 +163,8 @@ def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: st
     decoder, options = split_decoder_options(options)
     policy = registry.build("commit_policy", policy_name, **options)
     out = diffusion_generate(model, [tokenizer.encode(prompt)], policy, gen_length=gen_length,
-                             eos_token_id=tokenizer.eos_token_id, **decoder)
+                             eos_token_id=tokenizer.eos_token_id, temperature=temperature, generator=generator,
+                             **decoder)
     text, stats = tokenizer.decode(out.answers[0]), out.stats
     if json_output:
         print(json.dumps({"text": text, "token_ids": out.answers[0], "stats": {"steps": stats.steps[0],

@@ -91,3 +91,36 @@ def test_refuses_causal_models_missing_masks_and_overlong_prompts() -> None:
         diffusion_generate(causal, [PROMPT], FixedCommit(), gen_length=14, block_length=4, eos_token_id=EOS)
     with pytest.raises(ConfigError, match="at least one token"):
         diffusion_generate(causal, [[]], FixedCommit(), gen_length=4, block_length=4, eos_token_id=EOS)
+
+
+def test_sampling_draws_each_candidate_from_the_tempered_distribution() -> None:
+    """One masked position, one step: the committed token follows softmax(logits / T) (mask excluded)."""
+    from warpdecode.decoding.diffusion.decoder import sample_candidates
+
+    logits = torch.tensor([[[2.0, 5.0, 1.0, 0.0, 1.5]]])  # token 1 is the mask token: never drawn
+    generator = torch.Generator().manual_seed(0)
+    for temperature in (1.0, 2.0):
+        draws = torch.cat([sample_candidates(logits.expand(1, 4000, 5), 1, temperature, generator)[0]
+                           for _ in range(5)])
+        expected = (logits[0, 0].index_fill(0, torch.tensor([1]), -torch.inf) / temperature).softmax(0)
+        freq = torch.bincount(draws, minlength=5).float() / len(draws)
+        assert freq[1] == 0
+        assert (freq - expected).abs().max() < 0.02, (freq, expected)
+
+
+def test_sampled_decoding_is_seeded_and_a_tiny_temperature_is_greedy() -> None:
+    model = random_model(seed=4, std=0.5, vocab_size=16, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=32,
+                         causal=False, mask_token_id=MASK)
+    prompts = [[3, 4, 5], [6, 7, 8, 9]]
+
+    def run(temperature: float, seed: int) -> torch.Tensor:
+        return diffusion_generate(model, prompts, ThresholdCommit(0.3), gen_length=6, block_length=3, eos_token_id=EOS,
+                                  temperature=temperature, generator=torch.Generator().manual_seed(seed)).sequences
+
+    greedy = diffusion_generate(model, prompts, ThresholdCommit(0.3), gen_length=6, block_length=3,
+                                eos_token_id=EOS).sequences
+    assert torch.equal(run(1e-4, 0), greedy)
+    assert torch.equal(run(1.5, 7), run(1.5, 7))
+    assert any(not torch.equal(run(1.5, seed), greedy) for seed in range(5))
+    with pytest.raises(ConfigError, match="temperature"):
+        run(-1.0, 0)

@@ -50,6 +50,15 @@ def exact_decoder(decoder: dict[str, Any]) -> bool:
     return not decoder["eot_stop"] and decoder["kv_cache"] == "none"
 
 
+def sample_candidates(logits: Tensor, mask_token_id: int, temperature: float,
+                      generator: torch.Generator | None) -> Tensor:
+    """(B, L, V) logits → (B, L) one draw per position from softmax(logits / temperature), never the
+    mask token (Gumbel-max: argmax of logits / temperature + Gumbel noise)."""
+    scaled = logits.float().index_fill(-1, torch.tensor([mask_token_id], device=logits.device), -torch.inf) / temperature
+    uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device).clamp_min(1e-20)
+    return (scaled - torch.log(-torch.log(uniform))).argmax(-1)
+
+
 def end_of_text_fill(tokens: Tensor, masked: Tensor, answer: Tensor, eos_token_id: int) -> Tensor:
     """(B, L) bool: masked positions after the first committed end-of-text of their row's answer."""
     committed_eos = answer & ~masked & (tokens == eos_token_id)  # (B, L)
@@ -68,14 +77,21 @@ def diffusion_generate(
     eos_token_id: int,
     eot_stop: bool = False,
     kv_cache: str = "none",
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> DiffusionOutput:
-    """Decode the answers of `prompts` (token ids, no padding) greedily under `policy`.
+    """Decode the answers of `prompts` (token ids, no padding) under `policy`.
 
     `kv_cache`: `none` (every step runs the whole sequence), `prefix` or `dual` (Fast-dLLM's
     approximate reuse of the keys/values outside the current block, see `kv_reuse.py`).
+    `temperature`: 0 predicts each position's most likely token; above 0 each step draws every
+    masked position's candidate from softmax(logits / temperature) (LLaDA's Gumbel sampling, with
+    `generator`), and the policies rank candidates by their untempered probability.
     """
     mask_token_id = check_diffusion_model(model)
     check_kv_reuse(kv_cache)
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if gen_length < 1 or block_length < 1:
         raise ConfigError(f"gen_length and block_length must be positive, got {gen_length}, {block_length}")
     longest = max(map(len, prompts), default=0) + gen_length
@@ -83,8 +99,8 @@ def diffusion_generate(
         raise ConfigError(f"prompt + gen_length = {longest} tokens exceeds the model's context of "
                           f"{model.config.max_seq_len}")
     if isinstance(policy, FreeDraftVerify):
-        if len(prompts) != 1 or eot_stop or kv_cache != "none":
-            raise ConfigError("free_draft decodes one prompt at a time, without eot_stop or kv_cache "
+        if len(prompts) != 1 or eot_stop or kv_cache != "none" or temperature > 0:
+            raise ConfigError("free_draft decodes one prompt at a time, greedily, without eot_stop or kv_cache "
                               "(it reproduces `fixed` exactly)")
         if not prompts[0]:
             raise ConfigError("every prompt needs at least one token")
@@ -109,7 +125,11 @@ def diffusion_generate(
         else:
             logits = reuse(tokens, block, current)
         probs = token_probs(logits, mask_token_id)  # (B, L, V)
-        confidence, predicted = probs.max(-1)
+        if temperature > 0:
+            predicted = sample_candidates(logits, mask_token_id, temperature, generator)
+            confidence = probs.gather(-1, predicted[..., None])[..., 0]
+        else:
+            confidence, predicted = probs.max(-1)
         in_block = block == current
         active = masked & in_block
         commit = policy.select(StepView(logits, predicted, confidence, active, masked, in_block, answer, stats.forwards))
