@@ -409,14 +409,19 @@ def bench(
     """
     from warpdecode.bench.harness import BenchConfig, run_bench
     from warpdecode.bench.report import write
+    from warpdecode.errors import ConfigError
     from warpdecode.models.checkpoint import read_config
 
     if package is None and not read_config(model).causal:
         _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
         return
-    if prompts == "parallel_bench":
-        from warpdecode.errors import ConfigError
+    if package is not None:
+        from warpdecode.export.package import InferencePackage
 
+        if not InferencePackage.load(package).config.causal:
+            raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "
+                              "(commit policies on parallel_bench); the package decodes with generate --package")
+    if prompts == "parallel_bench":
         raise ConfigError("parallel_bench is for masked diffusion LMs; this model is autoregressive")
     config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts or "spec_bench", categories=categories,
                          limit=limit, max_new_tokens=max_new_tokens or 64,
