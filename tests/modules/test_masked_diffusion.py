@@ -132,4 +132,4 @@ def test_the_diffusion_recipes_parse_and_build(dlm_dir: Path) -> None:
     adapt = build_cli(["--config", str(recipes / "smollm2-diffuspec.yaml"), "--model.init_args.pretrained", str(dlm_dir),
                        "--data.init_args.target", str(dlm_dir)], run=False)
     assert adapt.datamodule.draft_region == 8 and adapt.datamodule.max_prompts == 2048
-    assert adapt.model.hparams["pretrained"] == str(dlm_dir) and adapt.model.hparams["stratified_t"] is True
+    assert adapt.model.hparams["pretrained"] == str(dlm_dir) and adapt.model.hparams["eval_decode_batches"] == 4
