@@ -15,6 +15,7 @@ from tiny_models import (
     greedy_target,
     heads_package,
     naive_greedy,
+    save_diffusion_drafter,
     tiny_vocab_target,
     tv,
 )
@@ -157,6 +158,7 @@ def tiny_vocab_packages(tmp_path_factory):
     for kind in ("medusa", "hydra"):
         packages[kind] = heads_package(model, root / kind, kind)
     packages["acceptance_head"] = acceptance_head_package(model, root / "acceptance_head", seed=2)
+    packages["diffusion_lm"] = str(save_diffusion_drafter(root / "dlm", model.config.vocab_size, max_seq_len=32))
     return packages
 
 
@@ -174,9 +176,10 @@ def tiny_vocab_packages(tmp_path_factory):
     ("eagle", {}, None),
     ("medusa", {}, None),
     ("hydra", {}, None),
+    ("diffuspec", {"num_tokens": 2, "model": "package"}, None),
 ], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
         "draft_model-tree-spectr", "token_recycling", "int4_self", "int4_self-specdec++", "adaptive_ngram", "fused", "eagle", "medusa",
-        "hydra"])
+        "hydra", "diffuspec"])
 def test_engine_sampling_matches_target_distribution(name, options, verifier, tiny_vocab_packages, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""
@@ -186,6 +189,8 @@ def test_engine_sampling_matches_target_distribution(name, options, verifier, ti
         options = options | {"path": tiny_vocab_packages[name]}
     if options.get("acceptance_head") == "package":
         options = options | {"acceptance_head": tiny_vocab_packages["acceptance_head"]}
+    if options.get("model") == "package":
+        options = options | {"model": tiny_vocab_packages["diffusion_lm"]}
     method = build_method(name, do_sample=True, options=options, verifier=verifier)
     pairs = []
     for seed in range(3000):
