@@ -43,10 +43,12 @@ def test_every_policy_decodes_every_example_and_is_compared_with_the_baseline(dl
     assert result.rows[3].lossless and result.rows[3].identical == 4  # FreeDave reproduces the baseline
     assert not result.rows[4].lossless and result.rows[4].steps == 14  # the cache approximates, steps unchanged
     assert set(result.per_task) == {"copy", "add"}
+    assert 1 < result.answer_perplexity < float("inf")
     paths = result.write(tmp_path / "out")
     saved = json.loads(paths["json"].read_text())
     assert saved["config"]["methods"] == config.methods and len(saved["runs"]) == 20
     assert "| `free_draft` | yes |" in paths["markdown"].read_text()
+    assert f"4 draws of the masking): {result.answer_perplexity:.3f}" in paths["markdown"].read_text()
     assert paths["plot"].stat().st_size > 1000
 
 
@@ -63,3 +65,19 @@ def test_the_cli_benches_a_diffusion_model_and_refuses_mismatched_sets(dlm_dir: 
             main(["bench", *argv, "--out", str(tmp_path / "c")])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_answer_perplexity_of_a_uniform_model_is_its_vocabulary_size(dlm_dir: Path) -> None:
+    """All-zero logits cost log V per masked token; the 1/t weighting makes the bound's expectation
+    exactly log V per answer token, so the perplexity bound is V (up to Monte Carlo error)."""
+    import torch
+
+    from warpdecode.bench.diffusion import answer_perplexity
+    from warpdecode.bench.parallel_tasks import evaluation_set
+    from warpdecode.models.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(dlm_dir)
+    torch.nn.init.zeros_(model.embed.weight)  # tied head: every logit 0
+    V = model.config.vocab_size
+    assert answer_perplexity(model, tokenizer, evaluation_set("all", per_task=40), 16) == pytest.approx(V, rel=0.05)
+

@@ -13,12 +13,13 @@ import yaml
 from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.layout import answer_region
+from warpdecode.decoding.diffusion.likelihood import mask_answer
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.config import ModelConfig
 from warpdecode.modules.lightning_cli import main
-from warpdecode.modules.masked_diffusion import MaskedDiffusionLM, mask_answer
+from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 
 TINY = {"vocab_size": 48, "n_layer": 2, "n_head": 4, "d_model": 64, "d_ff": 172, "max_seq_len": 64}
 

@@ -5,13 +5,16 @@ Every example of the evaluation set (`bench/parallel_tasks.py`) is decoded by ev
 decoding, `fixed` at one token per step without end-of-text stopping, and always runs first. For
 each policy: accuracy (exact answers; `perm` accepts any permutation), steps (forwards, NFEs),
 tokens/s, and, against the baseline in the same run, the step reduction, the wall-clock speedup and
-the accuracy change in points. Specs are `POLICY[:KEY=VALUE...]` with the policy's options plus the
+the accuracy change in points. Once per model: the answer perplexity bound on the reference answers
+(LLaDA's NLL bound, `decoding/diffusion/likelihood.py`), a quality measure independent of decoding.
+Specs are `POLICY[:KEY=VALUE...]` with the policy's options plus the
 decoder's `block_length`, `eot_stop` and `kv_cache`, e.g. `threshold:threshold=0.8:eot_stop=true:kv_cache=dual`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,11 +30,16 @@ from warpdecode.decoding import registry
 from warpdecode.decoding.diffusion.decoder import diffusion_generate, exact_decoder, split_decoder_options
 from warpdecode.decoding.diffusion.kv_reuse import check_kv_reuse
 from warpdecode.decoding.diffusion.layout import check_diffusion_model
+from warpdecode.decoding.diffusion.likelihood import answer_nll_bound
 from warpdecode.decoding.diffusion.protocols import CommitPolicy
 from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.tokenizer import Tokenizer
 
 BASELINE = "fixed"
+PERPLEXITY_DRAWS = 4
+"""Draws of the forward process averaged by `answer_perplexity` (the bound is a Monte Carlo estimate)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,8 @@ class DiffusionBenchResult:
     per_task: dict[str, list[PolicyRow]]
     runs: list[Run]
     wall_seconds: float
+    answer_perplexity: float
+    """exp of LLaDA's NLL bound averaged over the evaluation answers (`answer_perplexity`)."""
 
     def table(self, rows: list[PolicyRow] | None = None) -> str:
         lines = ["| policy | lossless | accuracy % | Δ points | identical | steps | step reduction | tok/s | speedup |",
@@ -159,7 +169,8 @@ class DiffusionBenchResult:
                 f"Model `{c.model}`, {len(self.runs) // len(self.rows)} examples ({c.limit} per task), answer region "
                 f"{c.gen_length} positions in blocks of {c.block_length}, greedy. Machine: {m['cpu']} "
                 f"({m['cpu_count']} CPUs), {m['torch_threads']} torch threads, torch {m['torch']}, {m['date']}; "
-                f"wall time {self.wall_seconds:.0f} s.\n\n"
+                f"wall time {self.wall_seconds:.0f} s. Answer perplexity bound (exp of LLaDA's NLL bound over "
+                f"the reference answers, {PERPLEXITY_DRAWS} draws of the masking): {self.answer_perplexity:.3f}.\n\n"
                 f"Baseline `{BASELINE}`: one token per step (static decoding). Steps = forwards (NFEs); identical = answers "
                 f"equal to the baseline's; a lossless policy must have them all. End-of-text stopping (`eot_stop`) "
                 f"and KV reuse (`kv_cache`, approximate) make any policy lossy.\n\n"
@@ -190,6 +201,31 @@ class DiffusionBenchResult:
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
+
+
+@torch.inference_mode()
+def answer_perplexity(model: Backbone, tokenizer: Tokenizer, examples: list[TaskExample], gen_length: int,
+                      draws: int = PERPLEXITY_DRAWS, batch_size: int = 128) -> float:
+    """exp of the mean per-token NLL bound (`likelihood.answer_nll_bound`) of the reference answers,
+    laid out as in training (answer, then end-of-text up to `gen_length`); stratified masking ratios
+    (lower variance, same expectation) from fixed seeds, so two models compare on the same masks. (`perm` is scored on its one reference permutation.)"""
+    eos, vocab = tokenizer.eos_token_id, tokenizer.backend.get_vocab()
+    assert eos is not None and model.config.mask_token_id is not None
+    rows = [([vocab[c] for c in e.prompt], [vocab[c] for c in e.answer]) for e in examples]
+    total, count = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        width = max(len(p) for p, _ in chunk) + gen_length
+        tokens = torch.full((len(chunk), width), eos, dtype=torch.int64)
+        for i, (prompt, answer) in enumerate(chunk):
+            tokens[i, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        prompt_lengths = torch.tensor([len(p) for p, _ in chunk])
+        for draw in range(draws):
+            generator = torch.Generator().manual_seed(draw)
+            nll = answer_nll_bound(model, tokens, prompt_lengths, prompt_lengths + gen_length,
+                                   model.config.mask_token_id, generator=generator, stratified=True)
+            total, count = total + float(nll.sum()), count + len(chunk)
+    return math.exp(total / count)
 
 
 def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) -> DiffusionBenchResult:
@@ -231,4 +267,5 @@ def run_diffusion_bench(config: DiffusionBenchConfig, *, progress: bool = True) 
                 for spec, policy, options in policies]
 
     per_task = {task: rows([r for r in runs if r.task == task]) for task in task_names(config.tasks)}
-    return DiffusionBenchResult(config, machine, rows(runs), per_task, runs, time.perf_counter() - start)
+    perplexity = answer_perplexity(model, tokenizer, examples, config.gen_length)
+    return DiffusionBenchResult(config, machine, rows(runs), per_task, runs, time.perf_counter() - start, perplexity)

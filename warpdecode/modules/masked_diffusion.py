@@ -2,7 +2,8 @@
 
 Per row a masking ratio t ~ U(eps, 1) is drawn and every answer token is replaced by the mask token
 with probability t; the bidirectional backbone predicts the masked tokens. The loss is LLaDA's
-supervised objective, an upper bound on the answer's negative log-likelihood:
+supervised objective, an upper bound on the answer's negative log-likelihood
+(`decoding/diffusion/likelihood.py`):
 
     loss = mean over rows of  Σ_{masked i} CE_i / t  /  answer length
 
@@ -19,12 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
-from warpdecode.decoding.diffusion.layout import answer_region
+from warpdecode.decoding.diffusion.likelihood import answer_nll_bound
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.decoding.diffusion.policies.threshold import ThresholdCommit
 from warpdecode.errors import ConfigError
@@ -32,22 +32,6 @@ from warpdecode.models.config import ModelConfig
 from warpdecode.models.mask_token import add_mask_token
 from warpdecode.models.tokenizer import MASK
 from warpdecode.modules.causal_lm import CausalLM
-
-
-def mask_answer(tokens: Tensor, answer: Tensor, mask_token_id: int, min_ratio: float,
-                generator: torch.Generator | None = None, stratified: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Forward process: (noisy tokens (B, L), masked (B, L) bool, ratio t (B,)) for a batch.
-
-    `stratified` draws the B ratios low-discrepancy, one per stratum: t_b = (u + b) / B for one shared
-    uniform u (MDLM's variance reduction; each t is still uniform, so the loss stays unbiased).
-    """
-    B, L = tokens.shape
-    u = torch.rand(1 if stratified else B, generator=generator, device=tokens.device)
-    if stratified:
-        u = (u + torch.arange(B, device=tokens.device)) / B
-    t = min_ratio + (1 - min_ratio) * u
-    masked = answer & (torch.rand(B, L, generator=generator, device=tokens.device) < t[:, None])
-    return tokens.masked_fill(masked, mask_token_id), masked, t
 
 
 class MaskedDiffusionLM(CausalLM):
@@ -124,14 +108,9 @@ class MaskedDiffusionLM(CausalLM):
 
     def diffusion_loss(self, batch: dict[str, Tensor], generator: torch.Generator | None = None) -> Tensor:
         """(B,) per-row LLaDA loss of one draw of the forward process, in fp32."""
-        tokens = batch["tokens"]
-        answer, attention = answer_region(batch["prompt_lengths"], batch["lengths"], tokens.shape[1])
-        noisy, masked, t = mask_answer(tokens, answer, self.mask_token_id, self.hparams["min_mask_ratio"], generator,
-                                       stratified=self.hparams.get("stratified_t", False))
-        logits = self.backbone(noisy, attention_mask=attention).logits  # (B, L, V)
-        with torch.autocast(device_type=logits.device.type, enabled=False):
-            ce = F.cross_entropy(logits.float().transpose(1, 2), tokens, reduction="none")  # (B, L)
-        return (ce * masked).sum(1) / t / answer.sum(1).clamp(min=1)
+        return answer_nll_bound(self.backbone, batch["tokens"], batch["prompt_lengths"], batch["lengths"],
+                                self.mask_token_id, self.hparams["min_mask_ratio"], generator,
+                                stratified=self.hparams.get("stratified_t", False))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:  # type: ignore[override]
         loss = self.diffusion_loss(batch).mean()
