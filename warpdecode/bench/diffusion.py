@@ -211,15 +211,13 @@ def answer_perplexity(model: Backbone, tokenizer: Tokenizer, examples: list[Task
     (lower variance, same expectation) from fixed seeds, so two models compare on the same masks. (`perm` is scored on its one reference permutation.)"""
     eos, vocab = tokenizer.eos_token_id, tokenizer.backend.get_vocab()
     assert eos is not None and model.config.mask_token_id is not None
-    rows = [([vocab[c] for c in e.prompt], [vocab[c] for c in e.answer]) for e in examples]
+    rows = [e.encode(vocab, eos, gen_length) for e in examples]
     total, count = 0.0, 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        width = max(len(p) for p, _ in chunk) + gen_length
-        tokens = torch.full((len(chunk), width), eos, dtype=torch.int64)
-        for i, (prompt, answer) in enumerate(chunk):
-            tokens[i, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
-        prompt_lengths = torch.tensor([len(p) for p, _ in chunk])
+        tokens = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids, _ in chunk], batch_first=True,
+                                                 padding_value=eos)
+        prompt_lengths = torch.tensor([p for _, p in chunk])
         for draw in range(draws):
             generator = torch.Generator().manual_seed(draw)
             nll = answer_nll_bound(model, tokens, prompt_lengths, prompt_lengths + gen_length,

@@ -52,6 +52,13 @@ class TaskExample:
     def correct(self, output: str) -> bool:
         return TASKS[self.task].check(self.payload, output, self.answer)
 
+    def encode(self, vocab: dict[str, int], eos_token_id: int, gen_length: int) -> tuple[list[int], int]:
+        """(prompt + answer + end-of-text padding up to `gen_length` answer positions, prompt length):
+        the layout a diffusion LM trains and is scored on (`vocab`: a character tokenizer's)."""
+        prompt = [vocab[c] for c in self.prompt]
+        answer = [vocab[c] for c in self.answer]
+        return prompt + answer + [eos_token_id] * (gen_length - len(answer)), len(prompt)
+
 
 def _exact(payload: str, output: str, answer: str) -> bool:
     return output == answer

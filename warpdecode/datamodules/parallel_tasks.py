@@ -64,11 +64,8 @@ class TaskExamples(Dataset[tuple[Tensor, int]]):
         return [ids[:n].tolist() for ids, n in (self[i] for i in range(count))]
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        item = self.example(index)
-        prompt = [self.vocab[c] for c in item.prompt]
-        answer = [self.vocab[c] for c in item.answer]
-        ids = prompt + answer + [self.eos] * (self.gen_length - len(answer))
-        return torch.tensor(ids, dtype=torch.int64), len(prompt)
+        ids, prompt_length = self.example(index).encode(self.vocab, self.eos, self.gen_length)
+        return torch.tensor(ids, dtype=torch.int64), prompt_length
 
 
 class FixedExamples(Dataset[tuple[Tensor, int]]):

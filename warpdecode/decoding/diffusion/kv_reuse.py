@@ -78,6 +78,12 @@ class BlockKVReuse:
                              dtype=model.embed.weight.dtype, device=model.embed.weight.device)
         self.current: Tensor | None = None  # (B, 1) the blocks the cache was built for
         self.logits: Tensor | None = None  # (B, L, V) fp32, the latest logits of every position
+        # Set by each refresh: kept positions per row (B,), and the positions a cached step runs
+        # (B, T) with their validity (B, T) and attention among them (B, T, T).
+        self.kept_lengths = torch.zeros(B, dtype=torch.int64)
+        self.run_index = torch.zeros(B, 1, dtype=torch.int64)
+        self.valid = torch.zeros(B, 1, dtype=torch.bool)
+        self.run_mask = torch.ones(B, 1, 1, dtype=torch.bool)
         self.refreshes = 0
 
     def __call__(self, tokens: Tensor, block: Tensor, current: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ router that decides which model writes each token.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -39,7 +40,7 @@ class Decision:
     """Drafting continues after it (only read when `keep`)."""
 
 
-class StopRule:
+class StopRule(ABC):
     """Base of the rules: the reset hooks do nothing unless a rule keeps state across positions."""
 
     def start_request(self) -> None:
@@ -48,12 +49,13 @@ class StopRule:
     def start_chain(self) -> None:
         """Reset per-chain state (called at each proposal)."""
 
+    @abstractmethod
     def decide(self, logits: Tensor, hidden: Tensor) -> Decision:
         """Args:
         logits: (1, V) draft logits at the position.
         hidden: (1, C) draft final normed hidden state there.
         """
-        raise NotImplementedError
+        ...
 
 
 class AcceptanceStop(StopRule):

@@ -75,7 +75,7 @@ class DiffuSpec:
         if self.dlm is not None:
             return
         dlm, tokenizer = load_pretrained(self.source, device=target.embed.weight.device)
-        mask_id = check_diffusion_model(dlm)
+        check_diffusion_model(dlm)
         if dlm.config.vocab_size < target.config.vocab_size:
             raise ConfigError(f"diffuspec model {self.source!r} has {dlm.config.vocab_size} tokens but the target "
                               f"{target.config.vocab_size}: the drafter must share the target's tokenizer")
@@ -86,12 +86,12 @@ class DiffuSpec:
             raise ConfigError(f"diffuspec num_tokens {self.num_tokens} leaves no context in the model's "
                               f"{dlm.config.max_seq_len} positions")
         self.context = min(self.context or limit, limit)
-        self.vocab_size, self.mask_token_id = target.config.vocab_size, mask_id
+        self.vocab_size = target.config.vocab_size
         self.eos_token_id = tokenizer.eos_token_id
         self.dlm = dlm.eval()
 
     def start(self, state: DecodeState) -> None:
-        pass
+        """Nothing to set up: every draft re-reads the sequence (no drafter cache)."""
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.dlm is not None and self.context is not None, "prepare() first"
@@ -110,5 +110,5 @@ class DiffuSpec:
         return DraftTree.chain(chain[:cut])
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
-        pass
+        """Nothing to update: the next draft reads the committed tokens from `state`."""
 
