@@ -77,6 +77,30 @@ def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float =
 
 
 
+def distilled_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3,
+                      init_layers: tuple[int, ...] = (0,), vocab: int | None = None) -> str:
+    """A distilled draft package for `target`: blocks copied from `init_layers` and perturbed with
+    noise of `std`, a draft vocabulary of the first `vocab` tokens (default: all but the last eighth),
+    a 6-node static tree; saved in `directory`. With every block, the full vocabulary and `std=0` the
+    draft computes exactly what the target computes (an oracle)."""
+    from warpdecode.models.distilled_draft import DistilledDraftNet
+    from warpdecode.models.drafter_package import DrafterPackage
+
+    torch.manual_seed(seed)
+    vocab = target.config.vocab_size - target.config.vocab_size // 8 if vocab is None else vocab
+    net = DistilledDraftNet(target.config, len(init_layers), vocab)
+    net.init_from_target(target, list(init_layers), torch.arange(vocab))
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * std)
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    config = {"draft_vocab_size": vocab, "num_layers": len(init_layers), "init_layers": list(init_layers)}
+    package = DrafterPackage("distilled", DrafterPackage.describe_target(target, "tiny"), config,
+                             net.trainable_state(), tree)
+    return str(package.save(directory))
+
+
 def oracle_eagle_package(directory) -> tuple[Transformer, str]:
     """A one-block target without attention output (each token's logits depend on that token only)
     and an EAGLE drafter that computes exactly what the target computes: fc passes the token

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import sysconfig
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from warpdecode.datamodules.self_distill import SelfDistillDataModule
 
 
 @pytest.fixture
@@ -77,3 +80,18 @@ def tiny_recipe(tmp_path: Path, tiny_model: dict[str, Any], data_args: dict[str,
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+DISTILL_TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
+                 "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story", "range(10)",
+                 "Write hello world in Python.", "print('cat')", "a dog", "for dog in range(7):", "Write a cat"] * 2
+
+
+@pytest.fixture
+def self_distill_data(tiny_model_dir: Path, tmp_path: Path) -> SelfDistillDataModule:
+    """The tiny target's own answers to 28 short prompts (21 train, 7 validation), with features."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{t} {i}"}) + "\n" for i, t in enumerate(DISTILL_TEXTS)))
+    return SelfDistillDataModule(target=str(tiny_model_dir), prompts=[str(prompts)], max_prompts=len(DISTILL_TEXTS),
+                                 max_new_tokens=24, generation_batch_size=14, batch_size=7, val_fraction=0.25,
+                                 cache_dir=str(tmp_path / "cache"))

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
@@ -19,20 +15,6 @@ from warpdecode.modules.eagle import EagleDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
-         "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story", "range(10)",
-         "Write hello world in Python.", "print('cat')", "a dog", "for dog in range(7):", "Write a cat"] * 2
-
-
-@pytest.fixture
-def data(tiny_model_dir: Path, tmp_path: Path) -> SelfDistillDataModule:
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"{t} {i}"}) + "\n" for i, t in enumerate(TEXTS)))
-    return SelfDistillDataModule(target=str(tiny_model_dir), prompts=[str(prompts)], max_prompts=len(TEXTS),
-                                 max_new_tokens=24, generation_batch_size=14, batch_size=7, val_fraction=0.25,
-                                 cache_dir=str(tmp_path / "cache"))
-
-
 def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
     counts = torch.tensor([5, 0, 9, 1, 7, 0])
     assert frequent_tokens(counts, 3, always=[5]).tolist() == [2, 4, 5]
@@ -41,13 +23,14 @@ def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
         frequent_tokens(counts, 1, always=[1, 5])
 
 
-def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, data, tmp_path):
+def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, self_distill_data, tmp_path):
     """The tiny random target's answers are hard to predict from 21 examples, so acceptance is
     measured on the training answers (what the drafter could learn), before and after `fit`."""
     module = EagleDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
                           token_weight=1.0, tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     trainer = Trainer(max_epochs=40, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+    data = self_distill_data
     data.prepare_data()
     data.setup("fit")
     module.trainer = trainer

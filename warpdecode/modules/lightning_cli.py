@@ -34,13 +34,15 @@ from warpdecode.errors import WarpdecodeError
 from warpdecode.modules.acceptance import AcceptanceHeadModule
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.certainty_forcing import CertaintyForcingLM
+from warpdecode.modules.distilled_draft import DistilledDraftDrafter
 from warpdecode.modules.eagle import EagleDrafter
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CorpusDataModule, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
+REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CorpusDataModule,
+              DistilledDraftDrafter, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
               MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, SelfDecodedTasksDataModule,
               SelfDistillDataModule, TrajectoryDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")

@@ -4,6 +4,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     adaptive_ngram,
     copy_input,
     diffuspec,
+    distilled,
     draft_model,
     eagle,
     empty,

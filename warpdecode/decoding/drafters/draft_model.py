@@ -167,14 +167,17 @@ class DraftModel:
         self.draft.pack_for_cpu_inference()
 
     def start(self, state: DecodeState) -> None:
-        assert self.draft is not None, "prepare() must run first"
         if self.num_nodes is not None and state.sampler.config.do_sample:
             raise ConfigError(f"{self.name} num_nodes (a dynamic tree) verifies greedily only; when sampling, "
                               "use the fixed top_k trees")
-        device = state.target.embed.weight.device
-        self.cache = KVCache.for_model(self.draft.config, 1, state.cache.max_len, dtype=self.draft.embed.weight.dtype,
-                                       device=device)
+        self.cache = self.new_draft_cache(state.cache.max_len)
         self.fed = []
+
+    def new_draft_cache(self, max_len: int) -> KVCache:
+        """An empty KV cache of `max_len` positions for the draft."""
+        assert self.draft is not None, "prepare() must run first"
+        weight = self.draft.embed.weight
+        return KVCache.for_model(self.draft.config, 1, max_len, dtype=weight.dtype, device=weight.device)
 
     def level_widths(self, budget: int) -> list[int]:
         """Siblings per level: `top_k` on each of `num_tokens` levels, cut to `budget` nodes by dropping
@@ -200,7 +203,7 @@ class DraftModel:
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
-        assert self.draft is not None and self.cache is not None, "start() must run first"
+        assert self.cache is not None, "start() must run first"
         unseen = state.tokens[int(self.cache.lengths[0]) :]  # committed tokens the draft has not run, pending last
         if self.num_nodes is not None:
             if budget < 1:

@@ -100,6 +100,33 @@ def ranked_tokens(logits: Tensor, draft_vocab: Tensor, width: int) -> list[list[
     return draft_vocab[logits.topk(min(width, logits.shape[-1]), dim=-1).indices].tolist()
 
 
+def load_package_net(package: DrafterPackage, path: str, target: Backbone,
+                     build: Callable[[Backbone, dict[str, Any]], NetT]) -> NetT:
+    """The trained network of `package` for `target` (checked to be the target it was trained for,
+    `CheckpointError` otherwise): `build` makes the untrained network of the package's config, the
+    weights are loaded and the frozen head rebuilt from the target; on the target's device and
+    dtype, in eval mode."""
+    package.check_target(target)
+    with torch.inference_mode(False):  # prepare may run under inference mode; packing needs normal tensors
+        net = build(target, package.config)
+        missing, unexpected = net.load_state_dict(package.weights, strict=False)
+        if unexpected or set(missing) != {net.head_key}:
+            raise ConfigError(f"{path}: drafter weights do not match its config "
+                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+        net.tie_head(target)
+        return net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
+
+
+def to_target_vocab(logits: Tensor, draft_vocab: Tensor, vocab_size: int) -> Tensor:
+    """Draft-vocabulary logits (..., N) → target-vocabulary logits (..., V), -inf outside the draft vocabulary.
+
+    Example: logits [2., 1.], draft_vocab [3, 0], vocab_size 4 → [1., -inf, -inf, 2.].
+    """
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    full[..., draft_vocab] = logits
+    return full
+
+
 class PackagedDrafter(Generic[NetT]):
     """Base of the drafters that run a package of `kind`; subclasses build the network (`build`) and propose."""
 
@@ -131,19 +158,10 @@ class PackagedDrafter(Generic[NetT]):
         raise NotImplementedError
 
     def load_net(self, target: Backbone) -> NetT:
-        """The package's trained network for `target` (checked to be the target it was trained for),
-        its frozen head rebuilt from the target, on the target's device and dtype, in eval mode."""
+        """The package's trained network for `target` (`load_package_net`)."""
         if self.package is None:
             self.package = DrafterPackage.load(self.path, self.kind)
-        self.package.check_target(target)
-        with torch.inference_mode(False):  # prepare may run under inference mode; packing needs normal tensors
-            net = self.build(target, self.package.config)
-            missing, unexpected = net.load_state_dict(self.package.weights, strict=False)
-            if unexpected or set(missing) != {net.head_key}:
-                raise ConfigError(f"{self.path}: drafter weights do not match its config "
-                                  f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-            net.tie_head(target)
-            return net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
+        return load_package_net(self.package, self.path, target, self.build)
 
     def prepare(self, target: Backbone) -> None:
         if self.checked is not target:
@@ -194,8 +212,6 @@ class PackagedDrafter(Generic[NetT]):
         return None
 
     def full_logits(self, logits: Tensor) -> Tensor:
-        """(N,) draft-vocabulary logits → (V,) target-vocabulary logits, -inf outside the draft vocabulary."""
+        """(N,) draft-vocabulary logits → (V,) target-vocabulary logits (`to_target_vocab`)."""
         assert self.net is not None and self.checked is not None
-        full = torch.full((self.checked.config.vocab_size,), float("-inf"), dtype=logits.dtype, device=logits.device)
-        full[self.net.draft_vocab] = logits
-        return full
+        return to_target_vocab(logits, self.net.draft_vocab, self.checked.config.vocab_size)

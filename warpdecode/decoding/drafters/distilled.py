@@ -1,0 +1,80 @@
+"""A distilled draft model drafts for its target (`models/distilled_draft.py`, trained with
+`configs/drafters/distilled.yaml`).
+
+It is a draft model like any other (`draft_model.py`): its own KV cache over the committed tokens,
+a chain of `num_tokens`, a top-k "chain of fans" (`top_k`) or a DySpec dynamic tree (`num_nodes`),
+rolled back to the accepted prefix after every verification. What differs is where it comes from:
+a drafter package trained for this exact target (refused on another model), whose few blocks read
+the target's own token embedding and score only the draft vocabulary; its logits are spread over
+the target's vocabulary with -inf elsewhere, so sampled drafts carry a full-vocabulary q and every
+lossless verifier stays lossless.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from warpdecode.decoding.drafters.draft_model import DraftModel
+from warpdecode.decoding.drafters.learned import load_package_net, to_target_vocab
+from warpdecode.decoding.registry import register
+from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import Backbone
+from warpdecode.models.cache import KVCache
+from warpdecode.models.distilled_draft import DistilledDraftNet
+from warpdecode.models.drafter_package import DrafterPackage
+
+
+def build_distilled(target: Backbone, config: dict[str, Any]) -> DistilledDraftNet:
+    """The untrained network of a `distilled` package's config for `target`."""
+    return DistilledDraftNet(target.config, int(config["num_layers"]), int(config["draft_vocab_size"]))
+
+
+@register("drafter", "distilled")
+class DistilledDraft(DraftModel):
+    needs_training: ClassVar[bool] = True
+    name: ClassVar[str] = "distilled"
+    kind: ClassVar[str] = "distilled"
+
+    def __init__(self, path: str, num_tokens: int = 4, top_k: int = 1, replacement: bool = True,
+                 num_nodes: int | None = None) -> None:
+        """Args:
+        path: a drafter package trained with `warpdecode fit --config configs/drafters/distilled.yaml`.
+        num_tokens: draft depth per step (the chain length when `top_k=1`).
+        top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
+        replacement: when sampling, draw siblings independently; false: without replacement.
+        num_nodes: grow a dynamic tree of this many nodes instead (DySpec; greedy decoding only).
+        """
+        if not Path(path).exists():
+            raise ConfigError(f"{self.kind} drafter package {path!r} not found")
+        self.path = path
+        self.model_source, self.layers = None, None
+        self.init_drafting(num_tokens, top_k, replacement, num_nodes)
+        self.net: DistilledDraftNet | None = None
+        self.embed: nn.Embedding | None = None
+
+    def prepare(self, target: Backbone) -> None:
+        """Load the package once per target (checked to be the one it was trained for) and pack it."""
+        if self.net is None or self.source is not target:
+            net = load_package_net(DrafterPackage.load(self.path, self.kind), self.path, target, build_distilled)
+            with torch.inference_mode(False):
+                net.pack()
+            self.net, self.embed, self.source = net, target.embed, target
+        if self.top_k > self.net.draft_vocab.numel():
+            raise ConfigError(f"{self.name} top_k {self.top_k} exceeds the draft vocabulary of "
+                              f"{self.net.draft_vocab.numel()} tokens")
+
+    def new_draft_cache(self, max_len: int) -> KVCache:
+        assert self.net is not None and self.embed is not None, "prepare() must run first"
+        weight = self.embed.weight
+        return KVCache.for_model(self.net.config, 1, max_len, dtype=weight.dtype, device=weight.device)
+
+    def run_draft(self, tokens: list[int]) -> Tensor:
+        """Feed `tokens` after the draft's cached positions; (1, V) target-vocabulary logits after the last one."""
+        assert self.net is not None and self.embed is not None and self.cache is not None and self.source is not None
+        inputs = torch.tensor([tokens], device=self.embed.weight.device)
+        logits = self.net(inputs, self.embed, cache=self.cache, logits_slice=slice(-1, None))[0]  # (1, N)
+        return to_target_vocab(logits, self.net.draft_vocab, self.source.config.vocab_size)
