@@ -1,5 +1,5 @@
-"""Medusa and Hydra heads and the EAGLE network exported as ONNX graphs: same outputs as the PyTorch
-networks, and used by the drafters when the target runs in ONNX Runtime."""
+"""Medusa and Hydra heads, the EAGLE network and the distilled draft model exported as ONNX graphs: same
+outputs as the PyTorch networks, and used by the drafters when the target runs in ONNX Runtime."""
 
 from pathlib import Path
 
@@ -9,7 +9,15 @@ from tiny_models import greedy_target
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.export.drafter_graphs import EAGLE_GRAPHS, MEDUSA_GRAPH, OnnxEagle, OnnxHeads, hydra_graph
+from warpdecode.export.drafter_graphs import (
+    DISTILLED_GRAPH,
+    EAGLE_GRAPHS,
+    MEDUSA_GRAPH,
+    OnnxDistilled,
+    OnnxEagle,
+    OnnxHeads,
+    hydra_graph,
+)
 from warpdecode.export.package import InferencePackage
 from warpdecode.models.cache import KVCache
 
@@ -21,6 +29,25 @@ def test_graphs_are_in_the_package(tiny_package):
     assert "drafters/medusa/" + MEDUSA_GRAPH in files
     assert {f"drafters/hydra/{hydra_graph(k)}" for k in range(1, 5)} <= set(files)
     assert {f"drafters/eagle/{name}" for name in EAGLE_GRAPHS} <= set(files)
+    assert f"drafters/distilled/{DISTILLED_GRAPH}" in files
+
+
+def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
+    directory = Path(tiny_package) / "drafters" / "distilled"
+    target = greedy_target()
+    net = registry.build("drafter", "distilled", path=str(directory)).load_net(target)
+    graph = OnnxDistilled.find(directory, net, threads=1)
+    assert graph is not None
+    caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]
+    with torch.inference_mode():
+        for tokens, logits_slice in [(torch.randint(0, 64, (1, 6)), slice(-1, None)),  # a prompt
+                                     (torch.randint(0, 64, (1, 1)), None), (torch.randint(0, 64, (1, 2)), None)]:
+            expected = net(tokens, target.embed, caches[0], logits_slice)
+            got = graph(tokens, target.embed, caches[1], logits_slice)
+            assert got.shape == expected.shape
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(caches[1].k[:, :, :, :9], caches[0].k[:, :, :, :9], atol=1e-5, rtol=1e-5)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [9]
 
 
 def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package):
@@ -59,7 +86,7 @@ def test_graph_logits_equal_the_pytorch_heads(tiny_package, kind):
                                        atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "hydra", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "eagle", "distilled"])
 def test_drafters_run_their_graphs_on_onnxruntime(tiny_package, kind):
     package = InferencePackage.load(tiny_package)
     ort = package.backbone("onnxruntime", threads=1)

@@ -10,6 +10,10 @@ An inference package stores them beside each drafter package (`drafters/<kind>/`
                        → hidden (B, T, C) predicted features, new_keys / new_values (1, B, Hkv, T, D)
                        (the backbone's step graph form, `export.step_graph`, on the pair inputs)
     eagle_head.onnx    EAGLE: features (M, C) → logits (M, N)
+    distilled_step.onnx  distilled draft model: embeds (B, T, C) (the target's token embeddings),
+                       position_ids (B, T), attention_mask (B, 1, T, S + T), logit_index (K,),
+                       past_key_i / past_value_i (B, Hkv, S, D) per block
+                       → logits (B, K, N), new_keys / new_values (L, B, Hkv, T, D)
 
 (N: the draft vocabulary; the graphs hold the frozen head rows, so they need nothing from the
 target but its features and its token embeddings.) On an ONNX Runtime target the drafters run
@@ -32,12 +36,14 @@ from warpdecode.export.onnx_graph import OPSET, cache_shapes, export_optimized, 
 from warpdecode.export.onnxruntime_backend import run_step_graph
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.cache import KVCache
+from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.eagle import EagleNet
 from warpdecode.models.medusa import FutureHeads, HydraHeads
 from warpdecode.models.transformer import new_token_mask
 
 MEDUSA_GRAPH = "heads.onnx"
 EAGLE_GRAPHS = ("eagle_layer.onnx", "eagle_head.onnx")
+DISTILLED_GRAPH = "distilled_step.onnx"
 
 
 def hydra_graph(k: int) -> str:
@@ -101,6 +107,40 @@ def export_eagle_graphs(net: EagleNet, directory: Path) -> list[str]:
     return list(EAGLE_GRAPHS)
 
 
+class DistilledStepGraph(StepGraph):
+    """The distilled draft model's step: its blocks and norm over the target's token embeddings exactly
+    as the backbone's step graph runs its blocks, then the reduced head at `logit_index`."""
+
+    def __init__(self, net: DistilledDraftNet) -> None:
+        super().__init__(net.model, ())
+
+    def input_names(self) -> list[str]:
+        return ["embeds", *super().input_names()[1:]]
+
+    def forward(self, embeds: Tensor, position_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
+                logit_index: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
+        x, new_keys, new_values, _ = self.run_blocks(embeds, position_ids, attention_mask, past)
+        return self.model.head(x.index_select(1, logit_index)), new_keys, new_values
+
+
+def export_distilled_graph(net: DistilledDraftNet, directory: Path) -> list[str]:
+    """Write the distilled draft model's step graph into `directory`; the file names."""
+    from torch.export import Dim
+
+    net.unpack()  # the export traces the dense weights
+    config = net.config
+    B, T, S, K = 2, 3, 5, 2  # distinct sizes > 1: the exporter keeps every dimension dynamic
+    inputs = (torch.zeros(B, T, config.d_model), (S + torch.arange(T)).expand(B, T).contiguous(),
+              torch.ones(B, 1, T, S + T, dtype=torch.bool), torch.arange(T - K, T),
+              *(torch.zeros(B, config.kv_head_count, S, config.head_width) for _ in range(2 * config.n_layer)))
+    batch, new = Dim("batch"), Dim("new_tokens")
+    shapes = {"embeds": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
+              "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "logit_index": {0: Dim("logits")},
+              "past": cache_shapes(config.n_layer, batch)}
+    export_optimized(DistilledStepGraph(net).eval(), inputs, shapes, directory / DISTILLED_GRAPH, external_data=False)
+    return [DISTILLED_GRAPH]
+
+
 def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path: Path) -> None:
     from torch.export import Dim
 
@@ -112,11 +152,13 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path:
                           output_names=["logits"], opset_version=OPSET, external_data=False, verbose=False)
 
 
-def export_drafter_graphs(net: FutureHeads | EagleNet, directory: Path) -> list[str]:
-    """Write the graphs of `net` (Medusa or Hydra heads or an EAGLE network, fp32, as
-    `PackagedDrafter.load_net` gives them) into `directory`; the file names written."""
+def export_drafter_graphs(net: FutureHeads | EagleNet | DistilledDraftNet, directory: Path) -> list[str]:
+    """Write the graphs of `net` (Medusa or Hydra heads, an EAGLE network or a distilled draft model,
+    fp32, as `load_package_net` gives them) into `directory`; the file names written."""
     if isinstance(net, EagleNet):
         return export_eagle_graphs(net, directory)
+    if isinstance(net, DistilledDraftNet):
+        return export_distilled_graph(net, directory)
     C = net.head.in_features
     if isinstance(net, HydraHeads):
         for k in range(1, net.num_heads + 1):
@@ -175,6 +217,32 @@ class OnnxEagle:
         """(..., C) → (..., N) draft-vocabulary logits."""
         flat = features.reshape(-1, features.shape[-1])
         return run_graph(self.head_session, features=flat).reshape(*features.shape[:-1], -1)
+
+
+class OnnxDistilled:
+    """The distilled draft model's step graph in ONNX Runtime, called like the network:
+    `draft(tokens, embed, cache, logits_slice)` → (B, T', N) draft-vocabulary logits."""
+
+    def __init__(self, session: object, draft_vocab_size: int) -> None:
+        self.session, self.draft_vocab_size = session, draft_vocab_size
+        self.names = [i.name for i in session.get_inputs()]  # type: ignore[attr-defined]
+
+    @classmethod
+    def find(cls, directory: Path, net: DistilledDraftNet, threads: int | None = None) -> OnnxDistilled | None:
+        """The graph of `net` in `directory`, or None if it is missing."""
+        path = directory / DISTILLED_GRAPH
+        return cls(cpu_session(path, threads), net.config.vocab_size) if path.is_file() else None
+
+    def __call__(self, tokens: Tensor, embed: nn.Embedding, cache: KVCache | None = None,
+                 logits_slice: slice | None = None) -> Tensor:
+        assert cache is not None, "the graph runs against a KV cache"
+        B, T = tokens.shape
+        index = torch.arange(T)[logits_slice or slice(None)]
+        positions = cache.lengths.to(torch.int64)[:, None] + torch.arange(T)[None]
+        logits = torch.empty(B, index.numel(), self.draft_vocab_size, dtype=cache.k.dtype)
+        run_step_graph(self.session, self.names, [embed(tokens).to(cache.k.dtype).contiguous()], positions, cache,
+                       None, True, [index], {"logits": logits})
+        return logits
 
 
 class OnnxHeads:

@@ -7,7 +7,8 @@ rolled back to the accepted prefix after every verification. What differs is whe
 a drafter package trained for this exact target (refused on another model), whose few blocks read
 the target's own token embedding and score only the draft vocabulary; its logits are spread over
 the target's vocabulary with -inf elsewhere, so sampled drafts carry a full-vocabulary q and every
-lossless verifier stays lossless.
+lossless verifier stays lossless. On an ONNX Runtime target it runs its step graph from the inference
+package (`export.drafter_graphs.OnnxDistilled`) when the package has one.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from warpdecode.decoding.drafters.draft_model import DraftModel
 from warpdecode.decoding.drafters.learned import load_package_net, to_target_vocab
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
+from warpdecode.export.drafter_graphs import OnnxDistilled
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.transformer import Transformer
 
 
 def build_distilled(target: Backbone, config: dict[str, Any]) -> DistilledDraftNet:
@@ -54,15 +57,22 @@ class DistilledDraft(DraftModel):
         self.model_source, self.layers = None, None
         self.init_drafting(num_tokens, top_k, replacement, num_nodes)
         self.net: DistilledDraftNet | None = None
+        self.graphs: OnnxDistilled | None = None
+        """The network's ONNX graph, used when the target is not a PyTorch model and it exists."""
         self.embed: nn.Embedding | None = None
 
+    def load_net(self, target: Backbone) -> DistilledDraftNet:
+        """The package's trained network for `target` (checked to be the target it was trained for)."""
+        return load_package_net(DrafterPackage.load(self.path, self.kind), self.path, target, build_distilled)
+
     def prepare(self, target: Backbone) -> None:
-        """Load the package once per target (checked to be the one it was trained for) and pack it."""
+        """Load the package once per target and pack it (or find its ONNX graph for an ONNX Runtime target)."""
         if self.net is None or self.source is not target:
-            net = load_package_net(DrafterPackage.load(self.path, self.kind), self.path, target, build_distilled)
+            net = self.load_net(target)
             with torch.inference_mode(False):
                 net.pack()
             self.net, self.embed, self.source = net, target.embed, target
+            self.graphs = None if isinstance(target, Transformer) else OnnxDistilled.find(Path(self.path), net)
         if self.top_k > self.net.draft_vocab.numel():
             raise ConfigError(f"{self.name} top_k {self.top_k} exceeds the draft vocabulary of "
                               f"{self.net.draft_vocab.numel()} tokens")
@@ -76,5 +86,6 @@ class DistilledDraft(DraftModel):
         """Feed `tokens` after the draft's cached positions; (1, V) target-vocabulary logits after the last one."""
         assert self.net is not None and self.embed is not None and self.cache is not None and self.source is not None
         inputs = torch.tensor([tokens], device=self.embed.weight.device)
-        logits = self.net(inputs, self.embed, cache=self.cache, logits_slice=slice(-1, None))[0]  # (1, N)
+        network = self.graphs or self.net
+        logits = network(inputs, self.embed, cache=self.cache, logits_slice=slice(-1, None))[0]  # (1, N)
         return to_target_vocab(logits, self.net.draft_vocab, self.source.config.vocab_size)
