@@ -76,3 +76,23 @@ def test_bad_options_are_refused(tmp_path):
     eagle_package(greedy_target(), eagle_dir)
     with pytest.raises(CheckpointError, match="holds a 'eagle' drafter, not 'distilled'"):
         DistilledDraft(str(eagle_dir)).prepare(greedy_target())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_quantised_draft_stays_lossless_and_drafts_like_the_full_one(oracle, bits):
+    model, path = oracle
+    prompt = [3, 9, 4, 1]
+    method = build_method("distilled", options={"path": path, "num_tokens": 4, "bits": bits})
+    out = generate(model, None, prompt, max_new_tokens=21, stop_at_eos=False, method=method)
+    assert out.token_ids == naive_greedy(model, prompt, 21)
+    drafter = method.drafter
+    assert isinstance(drafter, DistilledDraft) and drafter.net is not None
+    assert drafter.net.model.blocks[0].attn.qkv.quantized is not None  # type: ignore[union-attr]
+    assert drafter.net.model.lm_head.quantized is not None  # type: ignore[union-attr]
+    # the quantised copy of an exact draft still agrees with the target on most tokens
+    assert sum(out.stats.accepted_per_step) >= 10
+
+
+def test_bits_must_be_4_or_8(oracle):
+    with pytest.raises(ConfigError, match="bits must be 4 or 8"):
+        DistilledDraft(oracle[1], bits=3)

@@ -131,10 +131,11 @@ def quantized_copy(model: Transformer, bits: Bits = 8) -> Transformer:
     (q/k/v and gate/up stacked into one matrix each) and int8 weights in the LM head (the head
     decides the draft token outright; it stays at 8 bits, which is also how Q4 checkpoints ship it).
     Embeddings, norms, attention and the KV cache stay in the model's dtype. The copy's dense linear
-    weights are freed; `model` is unchanged."""
+    weights are freed; `model` is unchanged. A model without a token embedding (a drafter's backbone
+    that is fed `inputs_embeds`) is copied without one."""
     if bits not in QUANTIZERS:
         raise CapabilityError(f"weight-only quantised copies support bits=4 or bits=8, got {bits}")
-    if model.embed.weight.device.type != "cpu":
+    if next(model.parameters()).device.type != "cpu":
         raise CapabilityError(f"int{bits} weight-only drafting runs on CPU only (torch's CPU weight-only kernels)")
     for needed in {bits, 8}:
         if not quantized_available(needed):
@@ -142,6 +143,8 @@ def quantized_copy(model: Transformer, bits: Bits = 8) -> Transformer:
     block_quantizer = QUANTIZERS[bits]
     with torch.device("meta"):
         draft = Transformer(model.config)
+    if not hasattr(model, "embed"):  # a drafter's backbone fed `inputs_embeds` (the distilled draft model)
+        del draft.embed
     draft.load_state_dict(model.state_dict(), assign=True)  # shares the tensors until replaced below
     if model.config.position == "rope":
         draft.inv_freq = model.inv_freq

@@ -7,14 +7,15 @@ rolled back to the accepted prefix after every verification. What differs is whe
 a drafter package trained for this exact target (refused on another model), whose few blocks read
 the target's own token embedding and score only the draft vocabulary; its logits are spread over
 the target's vocabulary with -inf elsewhere, so sampled drafts carry a full-vocabulary q and every
-lossless verifier stays lossless. On an ONNX Runtime target it runs its step graph from the inference
+lossless verifier stays lossless. With `bits=4` (or 8) the network drafts from a weight-only quantised
+copy, as `int4_self` does for the whole target. On an ONNX Runtime target it runs its step graph from the inference
 package (`export.drafter_graphs.OnnxDistilled`) when the package has one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,7 @@ from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.quantized import Bits, quantized_copy
 from warpdecode.models.transformer import Transformer
 
 
@@ -43,17 +45,21 @@ class DistilledDraft(DraftModel):
     kind: ClassVar[str] = "distilled"
 
     def __init__(self, path: str, num_tokens: int = 4, top_k: int = 1, replacement: bool = True,
-                 num_nodes: int | None = None) -> None:
+                 num_nodes: int | None = None, bits: int | None = None) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/distilled.yaml`.
         num_tokens: draft depth per step (the chain length when `top_k=1`).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         replacement: when sampling, draw siblings independently; false: without replacement.
         num_nodes: grow a dynamic tree of this many nodes instead (DySpec; greedy decoding only).
+        bits: draft with a weight-only int4 or int8 copy of the network (`models/quantized.py`; CPU,
+            PyTorch network only): a cheaper draft step, verified by the unchanged target.
         """
+        if bits not in (None, 4, 8):
+            raise ConfigError(f"{self.kind} bits must be 4 or 8, got {bits}")
         if not Path(path).exists():
             raise ConfigError(f"{self.kind} drafter package {path!r} not found")
-        self.path = path
+        self.path, self.bits = path, bits
         self.model_source, self.layers = None, None
         self.init_drafting(num_tokens, top_k, replacement, num_nodes)
         self.net: DistilledDraftNet | None = None
@@ -70,9 +76,13 @@ class DistilledDraft(DraftModel):
         if self.net is None or self.source is not target:
             net = self.load_net(target)
             with torch.inference_mode(False):
-                net.pack()
+                if self.bits is None:
+                    net.pack()
+                else:
+                    net.model = quantized_copy(net.model, cast(Bits, self.bits))
             self.net, self.embed, self.source = net, target.embed, target
-            self.graphs = None if isinstance(target, Transformer) else OnnxDistilled.find(Path(self.path), net)
+            onnx = not isinstance(target, Transformer) and self.bits is None
+            self.graphs = OnnxDistilled.find(Path(self.path), net) if onnx else None
         if self.top_k > self.net.draft_vocab.numel():
             raise ConfigError(f"{self.name} top_k {self.top_k} exceeds the draft vocabulary of "
                               f"{self.net.draft_vocab.numel()} tokens")
