@@ -37,7 +37,7 @@ class DistilledDraftDrafter(DrafterModule):
         init_layers: list[int] | None = None,
         draft_vocab_size: int = 8192,
         depth: int = 6,
-        lr: float = 5e-4,
+        lr: float = 1e-3,
         min_lr_ratio: float = 0.1,
         warmup_steps: int = 50,
         weight_decay: float = 0.0,
