@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny_models import (
     acceptance_head_package,
+    distilled_package,
     eagle_package,
     heads_package,
     layer_router_package,
@@ -54,8 +55,8 @@ def retrieval_corpus(smollm2, tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def learned_drafters(smollm2, tmp_path_factory):
-    """Untrained EAGLE, Medusa and Hydra packages, a fixed-decision layer router and a random diffusion
-    drafter with the target's tokenizer for the real target (exactness needs no training)."""
+    """Untrained EAGLE, Medusa, Hydra and distilled packages, a fixed-decision layer router and a random
+    diffusion drafter with the target's tokenizer for the real target (exactness needs no training)."""
     root = tmp_path_factory.mktemp("learned")
     REAL_OPTIONS["eagle"] = {"path": eagle_package(smollm2.model, root / "eagle")}
     for kind in ("medusa", "hydra"):
@@ -64,16 +65,23 @@ def learned_drafters(smollm2, tmp_path_factory):
     REAL_OPTIONS["first"] = {"router": layer_router_package(smollm2.model, root / "first", skip=(9, 19))}
     REAL_OPTIONS["diffuspec"] = {"model": str(save_diffusion_drafter(root / "dlm", smollm2.model.config.vocab_size,
                                                                      Tokenizer.load(smollm2.directory)))}
+    REAL_OPTIONS["distilled"] = {"path": distilled_package(smollm2.model, root / "distilled", std=0.0,
+                                                           init_layers=(0, 14, 29), vocab=8192)}
+    DISTILLED_INT4["path"] = REAL_OPTIONS["distilled"]["path"]
     yield
-    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec"):
+    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec", "distilled"):
         del REAL_OPTIONS[kind]
+    del DISTILLED_INT4["path"]
 
 
 ACCEPTANCE_HEAD: dict[str, object] = {"num_tokens": 10}
 """int4_self with an (untrained) SpecDec++ acceptance head; the package path is filled in by the fixture."""
+DISTILLED_INT4: dict[str, object] = {"bits": 4, "num_tokens": 3, "num_nodes": 6, "top_k": 2}
+"""The distilled drafter's int4 copy growing DySpec trees; the package path is filled in by the fixture."""
 CASES = [(n, None) for n in registry.names("drafter") if n != "none"] + [
     ("int4_self", {"num_nodes": 8, "top_k": 2}),  # a DySpec dynamic tree
     ("int4_self", ACCEPTANCE_HEAD),
+    ("distilled", DISTILLED_INT4),
 ]
 
 
