@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_models import (
     DRAFTER_OPTIONS,
+    clover_package,
     distilled_package,
     eagle_package,
     greedy_target,
@@ -61,8 +62,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def drafter_options(tmp_path_factory):
     """Constructor options that let every registered drafter run on the 64-token tiny targets:
     `DRAFTER_OPTIONS` plus a token-id corpus for the retrieval drafter (random ids and a repeated
-    pattern that the suites' repetitive prompts share) and untrained EAGLE, Medusa, Hydra and distilled
-    drafter packages for `greedy_target()`."""
+    pattern that the suites' repetitive prompts share) and untrained EAGLE, Medusa, Hydra, Clover and
+    distilled drafter packages for `greedy_target()`."""
     path = tmp_path_factory.mktemp("retrieval") / "corpus.npy"
     rng = np.random.default_rng(0)
     np.save(path, np.concatenate([rng.integers(0, 64, 300), np.tile([5, 6, 7, 8], 6), rng.integers(0, 64, 100)]))
@@ -72,9 +73,10 @@ def drafter_options(tmp_path_factory):
     router = layer_router_package(greedy_target(), tmp_path_factory.mktemp("first") / "router", skip=(1,))
     dlm = save_diffusion_drafter(tmp_path_factory.mktemp("diffuspec") / "dlm", greedy_target().config.vocab_size)
     distilled = distilled_package(greedy_target(), tmp_path_factory.mktemp("distilled") / "drafter")
+    clover = clover_package(greedy_target(), tmp_path_factory.mktemp("clover") / "drafter")
     return {**DRAFTER_OPTIONS, "retrieval": {"corpus": str(path)}, "eagle": {"path": eagle}, **heads,
             "first": {"router": router}, "diffuspec": {"model": str(dlm), "num_tokens": 4},
-            "distilled": {"path": distilled, "num_tokens": 3}}
+            "distilled": {"path": distilled, "num_tokens": 3}, "clover": {"path": clover}}
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,22 @@ def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float =
 
 
 
+def clover_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3) -> str:
+    """An untrained Clover package for `target` (random weights of `std`, a draft vocabulary of all but
+    the last eighth of the tokens, a 6-node static tree), saved in `directory`."""
+    from warpdecode.models.clover import CloverNet
+    from warpdecode.models.drafter_package import DrafterPackage
+
+    torch.manual_seed(seed)
+    vocab = target.config.vocab_size - target.config.vocab_size // 8
+    net = CloverNet(target.config, vocab)
+    net.init_from_target(target, torch.arange(vocab), std=std)
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    package = DrafterPackage("clover", DrafterPackage.describe_target(target, "tiny"),
+                             {"draft_vocab_size": vocab, "d_ff": target.config.d_ff}, net.trainable_state(), tree)
+    return str(package.save(directory))
+
+
 def distilled_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3,
                       init_layers: tuple[int, ...] = (0,), vocab: int | None = None) -> str:
     """A distilled draft package for `target`: blocks copied from `init_layers` and perturbed with

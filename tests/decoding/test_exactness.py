@@ -11,6 +11,7 @@ import torch
 from tiny_models import (
     DRAFTER_OPTIONS,
     acceptance_head_package,
+    clover_package,
     distilled_package,
     eagle_package,
     greedy_target,
@@ -159,6 +160,7 @@ def tiny_vocab_packages(tmp_path_factory):
     for kind in ("medusa", "hydra"):
         packages[kind] = heads_package(model, root / kind, kind)
     packages["distilled"] = distilled_package(model, root / "distilled", std=0.5)
+    packages["clover"] = clover_package(model, root / "clover", std=0.8)
     packages["acceptance_head"] = acceptance_head_package(model, root / "acceptance_head", seed=2)
     packages["diffusion_lm"] = str(save_diffusion_drafter(root / "dlm", model.config.vocab_size, max_seq_len=32))
     return packages
@@ -180,10 +182,11 @@ def tiny_vocab_packages(tmp_path_factory):
     ("hydra", {}, None),
     ("diffuspec", {"num_tokens": 2, "model": "package"}, None),
     ("distilled", {"num_tokens": 2}, None),
+    ("clover", {}, None),
     ("distilled", {"num_tokens": 1, "top_k": 2, "replacement": False}, None),
 ], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
         "draft_model-tree-spectr", "token_recycling", "int4_self", "int4_self-specdec++", "adaptive_ngram", "fused", "eagle", "medusa",
-        "hydra", "diffuspec", "distilled", "distilled-tree-without-replacement"])
+        "hydra", "diffuspec", "distilled", "clover", "distilled-tree-without-replacement"])
 def test_engine_sampling_matches_target_distribution(name, options, verifier, tiny_vocab_packages, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny_models import (
     acceptance_head_package,
+    clover_package,
     distilled_package,
     eagle_package,
     heads_package,
@@ -55,7 +56,7 @@ def retrieval_corpus(smollm2, tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def learned_drafters(smollm2, tmp_path_factory):
-    """Untrained EAGLE, Medusa, Hydra and distilled packages, a fixed-decision layer router and a random
+    """Untrained EAGLE, Medusa, Hydra, Clover and distilled packages, a fixed-decision layer router and a random
     diffusion drafter with the target's tokenizer for the real target (exactness needs no training)."""
     root = tmp_path_factory.mktemp("learned")
     REAL_OPTIONS["eagle"] = {"path": eagle_package(smollm2.model, root / "eagle")}
@@ -68,8 +69,9 @@ def learned_drafters(smollm2, tmp_path_factory):
     REAL_OPTIONS["distilled"] = {"path": distilled_package(smollm2.model, root / "distilled", std=0.0,
                                                            init_layers=(0, 14, 29), vocab=8192)}
     DISTILLED_INT4["path"] = REAL_OPTIONS["distilled"]["path"]
+    REAL_OPTIONS["clover"] = {"path": clover_package(smollm2.model, root / "clover", std=0.02)}
     yield
-    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec", "distilled"):
+    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec", "distilled", "clover"):
         del REAL_OPTIONS[kind]
     del DISTILLED_INT4["path"]
 

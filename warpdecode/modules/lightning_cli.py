@@ -34,6 +34,7 @@ from warpdecode.errors import WarpdecodeError
 from warpdecode.modules.acceptance import AcceptanceHeadModule
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.certainty_forcing import CertaintyForcingLM
+from warpdecode.modules.clover import CloverDrafter
 from warpdecode.modules.distilled_draft import DistilledDraftDrafter
 from warpdecode.modules.eagle import EagleDrafter
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
@@ -41,7 +42,7 @@ from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CorpusDataModule,
+REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CloverDrafter, CorpusDataModule,
               DistilledDraftDrafter, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
               MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, SelfDecodedTasksDataModule,
               SelfDistillDataModule, TrajectoryDataModule)

@@ -2,6 +2,7 @@
 
 from warpdecode.decoding.drafters import (  # noqa: F401
     adaptive_ngram,
+    clover,
     copy_input,
     diffuspec,
     distilled,

@@ -1,0 +1,97 @@
+"""Training Clover's network: validation ranks score step k with the true earlier tokens, and `fit`
+raises acceptance and writes a package that decodes losslessly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+from lightning.pytorch import Trainer
+
+from warpdecode.decoding.generate import build_method, generate
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.modules.clover import CloverDrafter
+from warpdecode.modules.drafter import DrafterModule, frequent_tokens
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@torch.no_grad()
+def test_ranks_score_every_step_with_the_true_earlier_tokens(tiny_model_dir):
+    module = CloverDrafter(target=str(tiny_model_dir), draft_vocab_size=300, steps=3, max_rank=100)
+    module.init_drafter(frequent_tokens(torch.ones(module.target.config.vocab_size), 300, [0]))
+    torch.manual_seed(1)
+    tokens = torch.randint(0, module.target.config.vocab_size, (2, 11))
+    lengths = torch.tensor([11, 7])
+    answer = (torch.arange(11)[None] >= 3) & (torch.arange(11)[None] < lengths[:, None])
+    batch = {"tokens": tokens, "answer_mask": answer, "lengths": lengths}
+    batch["features"] = module.features(batch)
+    ranks = module.ranks(batch)
+    outputs, _ = module._unroll(batch)
+    index = module.index
+    assert index is not None
+    expected = []
+    for b, i in answer[:, 1:].nonzero().tolist():  # start i: x_{i+1} was just emitted
+        row = []
+        for k in (1, 2, 3):  # step k scores x_{i+1+k}
+            column = int(index[tokens[b, i + 1 + k]]) if i + 1 + k < lengths[b] else -1
+            logits = outputs[k - 1][b, i]
+            row.append(100 if column < 0 else min(100, int((logits > logits[column]).sum())))
+        expected.append(row)
+    assert ranks.tolist() == expected
+    assert (ranks < 100).any() and (ranks == 100).any()
+
+
+def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, self_distill_data, tmp_path):
+    """As for EAGLE: measured on the training answers, before and after `fit`."""
+    module = CloverDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
+                           tree_nodes=6, export_dir=str(tmp_path / "drafter"))
+    trainer = Trainer(max_epochs=30, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+    data = self_distill_data
+    data.prepare_data()
+    data.setup("fit")
+    module.trainer = trainer
+    module.setup("fit")
+    trainer.validate(module, dataloaders=data.train_dataloader())
+    before = trainer.callback_metrics["val/tau/chain"].item()
+    trainer.fit(module, datamodule=data)
+    trainer.validate(module, dataloaders=data.train_dataloader())
+    after = trainer.callback_metrics["val/tau/chain"].item()
+    assert after > before + 0.15, (before, after)
+
+    package = DrafterPackage.load(tmp_path / "drafter", "clover")
+    assert len(package.tree["rank_paths"]) == 6 and package.training["tokens_seen"] > 0
+
+    model, _ = load_pretrained(tiny_model_dir)
+    accepted = 0
+    for options in ({}, {"tree": "chain", "num_tokens": 5}):
+        method = build_method("clover", options={"path": str(tmp_path / "drafter")} | options)
+        for example in data.datasets["train"].examples[:3]:
+            prompt = example.tokens[: example.prompt_length].tolist()
+            plain = generate(model, None, prompt, max_new_tokens=16, stop_at_eos=False)
+            out = generate(model, None, prompt, max_new_tokens=16, stop_at_eos=False, method=method)
+            assert out.token_ids == plain.token_ids
+            accepted += sum(out.stats.accepted_per_step)
+    assert accepted > 0
+
+
+def test_bad_hyperparameters_are_refused(tiny_model_dir):
+    with pytest.raises(ConfigError, match="steps >= 1"):
+        CloverDrafter(target=str(tiny_model_dir), steps=0)
+
+
+def test_the_recipe_names_the_drafter_and_its_arguments(tiny_model_dir):
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / "clover.yaml").read_text())
+    model = recipe["model"]
+    model["init_args"]["target"] = str(tiny_model_dir)
+    parser = ArgumentParser()
+    parser.add_subclass_arguments(DrafterModule, "model")
+    module = parser.instantiate_classes(parser.parse_object({"model": model})).model
+    assert type(module) is CloverDrafter and module.hparams["steps"] == 4
+    assert recipe["data"]["init_args"]["features"]

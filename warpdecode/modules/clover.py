@@ -1,0 +1,105 @@
+"""Train Clover's draft network (`models/clover.py`) on a frozen target, by teacher distillation.
+
+Step k (1..`steps`) from start i reads the true tokens x_{i+1}..x_{i+k} (teacher forcing, as a tree
+path whose tokens were all accepted) and scores x_{i+1+k}; its loss is the soft cross-entropy against
+the target's own distribution of that token (the softmax of the frozen draft head over f_{i+k}),
+weighted `step_decay**(k-1)` and averaged over the positions where x_{i+1+k} exists, prompt positions
+included (the Hydra++ teacher loss, with Clover's regressive network).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from warpdecode.errors import ConfigError
+from warpdecode.models.clover import CloverNet
+from warpdecode.models.eagle import shift_left
+from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.modules.drafter import DrafterModule
+
+
+class CloverDrafter(DrafterModule):
+    kind = "clover"
+    net: CloverNet
+
+    def __init__(
+        self,
+        target: str = DEFAULT_MODEL,
+        draft_vocab_size: int = 8192,
+        d_ff: int | None = None,
+        steps: int = 4,
+        step_decay: float = 0.8,
+        lr: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int = 50,
+        weight_decay: float = 0.0,
+        tree_nodes: int = 16,
+        max_rank: int = 8,
+        export_dir: str | None = None,
+    ) -> None:
+        """
+        Args:
+            target: The frozen target model (name, directory or .gguf) the drafter is trained for.
+            draft_vocab_size: Tokens the drafter can propose: the most frequent ones in the training
+                answers (stop tokens always included); the head is the target's LM head rows of them.
+            d_ff: MLP width of the augmenting block and the decoder (default: the target's).
+            steps: Draft steps unrolled in training; also the depth of the validation ranks the
+                simulated acceptance and the tree are computed from.
+            step_decay: Loss weight of step k is step_decay**(k-1).
+            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
+            min_lr_ratio: Final learning rate as a fraction of `lr`.
+            warmup_steps: Optimizer steps of warmup.
+            weight_decay: AdamW weight decay on matrices.
+            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
+            max_rank: Candidates per node considered when building the tree.
+            export_dir: Where the drafter package is written at the end of `fit` (default
+                `drafter/` next to the run's checkpoints).
+        """
+        if steps < 1 or not 0 < step_decay <= 1:
+            raise ConfigError(f"need steps >= 1 and 0 < step_decay <= 1, got {steps}, {step_decay}")
+        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
+                         max_rank, export_dir)
+        self.save_hyperparameters()
+        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        self.net = CloverNet(self.target.config, vocab, d_ff)
+        self.net.tie_head(self.target)
+
+    def init_drafter(self, draft_vocab: Tensor) -> None:
+        self.net.init_from_target(self.target, draft_vocab)
+        self._initialised = True
+
+    def _unroll(self, batch: dict[str, Tensor]) -> tuple[list[Tensor], Tensor]:
+        """Logits of every step and the (B, T, C) target features."""
+        features = self.features(batch)
+        outputs = self.net.unrolled(features.to(self.net.fc.weight.dtype), batch["tokens"], self.target.embed,
+                                    self.hparams["steps"])
+        return outputs, features
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        outputs, features = self._unroll(batch)
+        tokens, lengths = batch["tokens"], batch["lengths"]
+        n = tokens.shape[1] - 1
+        with torch.no_grad():
+            target_probs = self.net.head(features.to(self.net.head.weight.dtype)).float().softmax(-1)  # (B, T, N)
+        start = torch.arange(n, device=tokens.device)[None]
+        total = torch.zeros((), device=tokens.device)
+        parts: dict[str, Tensor] = {}
+        for k, logits in enumerate(outputs, start=1):
+            valid = (start + 1 + k < lengths[:, None]).float()  # x_{i+1+k} exists
+            soft = shift_left(target_probs, k, n)  # the target's distribution of x_{i+1+k}, read at f_{i+k}
+            token_loss = (-(soft * logits.float().log_softmax(-1)).sum(-1) * valid).sum() / valid.sum().clamp_min(1)
+            total = total + self.hparams["step_decay"] ** (k - 1) * token_loss
+            parts[f"token_loss/d{k}"] = token_loss.detach()
+        return total, parts
+
+    def ranks(self, batch: dict[str, Tensor]) -> Tensor:
+        outputs, _ = self._unroll(batch)
+        # Start i: the target has just emitted x_{i+1}; step k drafts x_{i+1+k}.
+        columns = [self.ranks_of(logits, batch, 1 + k) for k, logits in enumerate(outputs, start=1)]
+        return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, steps)
+
+    def package_config(self) -> dict[str, Any]:
+        return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff}
