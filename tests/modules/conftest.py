@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
+from lightning.pytorch import LightningModule, Trainer
 
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
+from warpdecode.decoding.generate import build_method, generate
+from warpdecode.models.checkpoint import load_pretrained
 
 
 @pytest.fixture
@@ -95,3 +98,46 @@ def self_distill_data(tiny_model_dir: Path, tmp_path: Path) -> SelfDistillDataMo
     return SelfDistillDataModule(target=str(tiny_model_dir), prompts=[str(prompts)], max_prompts=len(DISTILL_TEXTS),
                                  max_new_tokens=24, generation_batch_size=14, batch_size=7, val_fraction=0.25,
                                  cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def fit_drafter(self_distill_data: SelfDistillDataModule, tmp_path: Path):
+    """`fit(module, epochs)`: train a drafter module on `self_distill_data` and return the trainer and
+    its simulated chain τ on the *training* answers before and after `fit` (the tiny random target's
+    answers are hard to predict from 21 examples, so this measures what the drafter could learn)."""
+
+    def fit(module: LightningModule, epochs: int) -> tuple[Trainer, float, float]:
+        trainer = Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+        data = self_distill_data
+        data.prepare_data()
+        data.setup("fit")
+        module.trainer = trainer
+        module.setup("fit")  # the draft vocabulary and initial weights, so "before" scores the initial drafter
+        trainer.validate(module, dataloaders=data.train_dataloader())
+        before = trainer.callback_metrics["val/tau/chain"].item()
+        trainer.fit(module, datamodule=data)
+        trainer.validate(module, dataloaders=data.train_dataloader())
+        return trainer, before, trainer.callback_metrics["val/tau/chain"].item()
+
+    return fit
+
+
+@pytest.fixture
+def accepted_on_training_prompts(tiny_model_dir: Path, self_distill_data: SelfDistillDataModule):
+    """`accepted(name, options, prompts)`: decode the first `prompts` training prompts with a drafter
+    method, assert each output equals plain greedy decoding, and return the draft tokens accepted."""
+    model, _ = load_pretrained(tiny_model_dir)
+
+    def accepted(name: str, options: dict[str, Any], prompts: int) -> int:
+        method = build_method(name, options=options)
+        total = 0
+        for example in self_distill_data.datasets["train"].examples[:prompts]:
+            prompt = example.tokens[: example.prompt_length].tolist()
+            plain = generate(model, None, prompt, max_new_tokens=16, stop_at_eos=False)
+            out = generate(model, None, prompt, max_new_tokens=16, stop_at_eos=False, method=method)
+            assert out.token_ids == plain.token_ids
+            total += sum(out.stats.accepted_per_step)
+        return total
+
+    return accepted

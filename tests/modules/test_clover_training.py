@@ -9,11 +9,8 @@ import pytest
 import torch
 import yaml
 from jsonargparse import ArgumentParser
-from lightning.pytorch import Trainer
 
-from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
-from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.clover import CloverDrafter
 from warpdecode.modules.drafter import DrafterModule, frequent_tokens
@@ -47,37 +44,18 @@ def test_ranks_score_every_step_with_the_true_earlier_tokens(tiny_model_dir):
     assert (ranks < 100).any() and (ranks == 100).any()
 
 
-def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, self_distill_data, tmp_path):
-    """As for EAGLE: measured on the training answers, before and after `fit`."""
+def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, tmp_path, fit_drafter,
+                                                                      accepted_on_training_prompts):
     module = CloverDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
                            tree_nodes=6, export_dir=str(tmp_path / "drafter"))
-    trainer = Trainer(max_epochs=30, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
-    data = self_distill_data
-    data.prepare_data()
-    data.setup("fit")
-    module.trainer = trainer
-    module.setup("fit")
-    trainer.validate(module, dataloaders=data.train_dataloader())
-    before = trainer.callback_metrics["val/tau/chain"].item()
-    trainer.fit(module, datamodule=data)
-    trainer.validate(module, dataloaders=data.train_dataloader())
-    after = trainer.callback_metrics["val/tau/chain"].item()
+    _, before, after = fit_drafter(module, epochs=30)
     assert after > before + 0.15, (before, after)
 
     package = DrafterPackage.load(tmp_path / "drafter", "clover")
     assert len(package.tree["rank_paths"]) == 6 and package.training["tokens_seen"] > 0
-
-    model, _ = load_pretrained(tiny_model_dir)
-    accepted = 0
-    for options in ({}, {"tree": "chain", "num_tokens": 5}):
-        method = build_method("clover", options={"path": str(tmp_path / "drafter")} | options)
-        for example in data.datasets["train"].examples[:3]:
-            prompt = example.tokens[: example.prompt_length].tolist()
-            plain = generate(model, None, prompt, max_new_tokens=16, stop_at_eos=False)
-            out = generate(model, None, prompt, max_new_tokens=16, stop_at_eos=False, method=method)
-            assert out.token_ids == plain.token_ids
-            accepted += sum(out.stats.accepted_per_step)
+    path = str(tmp_path / "drafter")
+    accepted = sum(accepted_on_training_prompts("clover", {"path": path} | options, prompts=3)
+                   for options in ({}, {"tree": "chain", "num_tokens": 5}))
     assert accepted > 0
 
 
