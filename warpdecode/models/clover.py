@@ -28,8 +28,7 @@ from torch import Tensor, nn
 
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.draft_head import DraftVocabNet
-from warpdecode.models.eagle import eagle_config
+from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
 from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import MLP, Attention, Transformer, make_norm, rotate_half
 
@@ -42,7 +41,7 @@ class CloverNet(DraftVocabNet):
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> None:
         super().__init__(draft_vocab_size)
-        self.config = eagle_config(target_config, draft_vocab_size, d_ff)
+        self.config = draft_backbone_config(target_config, 1, draft_vocab_size, d_ff)
         C = target_config.d_model
         self.augment = Transformer(self.config)
         del self.augment.embed  # it reads the target's features (`inputs_embeds`)

@@ -14,15 +14,13 @@ plus the small head.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.draft_head import DraftVocabNet
+from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
 from warpdecode.models.transformer import Transformer
 
 
@@ -44,13 +42,6 @@ def check_init_layers(layers: list[int], n_layer: int) -> None:
         raise ConfigError(f"init_layers must be strictly increasing block indices in 0..{n_layer - 1}, got {layers}")
 
 
-def distilled_config(target: ModelConfig, n_layer: int, draft_vocab_size: int) -> ModelConfig:
-    """The draft backbone: the target's block shapes, `n_layer` blocks, the reduced vocabulary, an
-    untied (frozen) head."""
-    return dataclasses.replace(target, n_layer=n_layer, vocab_size=draft_vocab_size, tie_embeddings=False,
-                               eos_token_ids=[])
-
-
 class DistilledDraftNet(DraftVocabNet):
     """`n_layer` blocks + norm + frozen reduced head over the target's token embedding (passed in)."""
 
@@ -58,7 +49,7 @@ class DistilledDraftNet(DraftVocabNet):
 
     def __init__(self, target_config: ModelConfig, n_layer: int, draft_vocab_size: int) -> None:
         super().__init__(draft_vocab_size)
-        self.config = distilled_config(target_config, n_layer, draft_vocab_size)
+        self.config = draft_backbone_config(target_config, n_layer, draft_vocab_size)
         self.model = Transformer(self.config)
         del self.model.embed  # the target's embedding feeds `inputs_embeds`
 

@@ -8,13 +8,23 @@ the target (`tie_head`) when the package is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.config import ModelConfig
 from warpdecode.models.packed_linear import Linear
+
+
+def draft_backbone_config(target: ModelConfig, n_layer: int, draft_vocab_size: int, d_ff: int | None = None) -> ModelConfig:
+    """The backbone of a drafter network that runs the target's kind of blocks (EAGLE's layer, Clover's
+    augmenting block, the distilled draft model): the target's attention and MLP shapes (MLP width
+    `d_ff` if given), `n_layer` blocks, the reduced vocabulary, an untied (frozen) head."""
+    return dataclasses.replace(target, n_layer=n_layer, vocab_size=draft_vocab_size, tie_embeddings=False,
+                               d_ff=d_ff or target.d_ff, eos_token_ids=[])
 
 
 class DraftVocabNet(nn.Module):

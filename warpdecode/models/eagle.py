@@ -22,7 +22,6 @@ Pair i sits at position i + 1 (the position of its token), as it does in the dra
 
 from __future__ import annotations
 
-import dataclasses
 from typing import cast
 
 import torch
@@ -31,16 +30,9 @@ from torch import Tensor, nn
 
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.draft_head import DraftVocabNet
+from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
 from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import Block, Transformer, rotate_half
-
-
-def eagle_config(target: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> ModelConfig:
-    """The one-block backbone of the draft network: the target's attention and MLP shapes, the
-    reduced vocabulary, an untied (frozen) head."""
-    return dataclasses.replace(target, n_layer=1, vocab_size=draft_vocab_size, tie_embeddings=False,
-                               d_ff=d_ff or target.d_ff, eos_token_ids=[])
 
 
 def ttt_mask(n: int, steps: int) -> Tensor:
@@ -75,7 +67,7 @@ class EagleNet(DraftVocabNet):
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> None:
         super().__init__(draft_vocab_size)
-        self.config = eagle_config(target_config, draft_vocab_size, d_ff)
+        self.config = draft_backbone_config(target_config, 1, draft_vocab_size, d_ff)
         C = target_config.d_model
         self.fc = Linear(2 * C, C, bias=True)
         self.layer = Transformer(self.config)

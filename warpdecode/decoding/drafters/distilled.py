@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from warpdecode.decoding.drafters.draft_model import DraftModel
 from warpdecode.decoding.drafters.learned import load_package_net, to_target_vocab
@@ -65,7 +65,6 @@ class DistilledDraft(DraftModel):
         self.net: DistilledDraftNet | None = None
         self.graphs: OnnxDistilled | None = None
         """The network's ONNX graph, used when the target is not a PyTorch model and it exists."""
-        self.embed: nn.Embedding | None = None
 
     def load_net(self, target: Backbone) -> DistilledDraftNet:
         """The package's trained network for `target` (checked to be the target it was trained for)."""
@@ -80,7 +79,7 @@ class DistilledDraft(DraftModel):
                     net.pack()
                 else:
                     net.model = quantized_copy(net.model, cast(Bits, self.bits))
-            self.net, self.embed, self.source = net, target.embed, target
+            self.net, self.source = net, target
             onnx = not isinstance(target, Transformer) and self.bits is None
             self.graphs = OnnxDistilled.find(Path(self.path), net) if onnx else None
         if self.top_k > self.net.draft_vocab.numel():
@@ -88,14 +87,15 @@ class DistilledDraft(DraftModel):
                               f"{self.net.draft_vocab.numel()} tokens")
 
     def new_draft_cache(self, max_len: int) -> KVCache:
-        assert self.net is not None and self.embed is not None, "prepare() must run first"
-        weight = self.embed.weight
+        assert self.net is not None and self.source is not None, "prepare() must run first"
+        weight = self.source.embed.weight
         return KVCache.for_model(self.net.config, 1, max_len, dtype=weight.dtype, device=weight.device)
 
     def run_draft(self, tokens: list[int]) -> Tensor:
         """Feed `tokens` after the draft's cached positions; (1, V) target-vocabulary logits after the last one."""
-        assert self.net is not None and self.embed is not None and self.cache is not None and self.source is not None
-        inputs = torch.tensor([tokens], device=self.embed.weight.device)
+        assert self.net is not None and self.cache is not None and self.source is not None
+        embed = self.source.embed
+        inputs = torch.tensor([tokens], device=embed.weight.device)
         network = self.graphs or self.net
-        logits = network(inputs, self.embed, cache=self.cache, logits_slice=slice(-1, None))[0]  # (1, N)
+        logits = network(inputs, embed, cache=self.cache, logits_slice=slice(-1, None))[0]  # (1, N)
         return to_target_vocab(logits, self.net.draft_vocab, self.source.config.vocab_size)
