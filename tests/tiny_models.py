@@ -219,6 +219,22 @@ def acceptance_head_package(target: Transformer, directory, *, bias: float | Non
     return str(package.save(directory))
 
 
+def judge_package(target: Transformer, directory, *, bias: float | None = None, seed: int = 0) -> str:
+    """An untrained Judge-decoding judge package for `target`: random weights, or, with `bias`, a judge
+    whose every score is sigmoid(bias) (zero weights)."""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.judge_head import JudgeHead
+
+    torch.manual_seed(seed)
+    head = JudgeHead(target.config.d_model)
+    if bias is not None:
+        torch.nn.init.zeros_(head.linear.weight)
+        torch.nn.init.constant_(head.linear.bias, bias)
+    package = DrafterPackage("judge", DrafterPackage.describe_target(target, "tiny"),
+                             {"d_model": target.config.d_model}, head.state_dict())
+    return str(package.save(directory))
+
+
 def layer_router_package(target: Transformer, directory, *, skip: tuple[int, ...] = (), seed: int | None = None) -> str:
     """A FiRST layer-router package for `target`: zero weights and biases that skip exactly `skip` on
     every prompt, or, with `seed`, random weights whose decisions vary with the prompt."""

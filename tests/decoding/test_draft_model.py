@@ -52,7 +52,12 @@ class Recorder:
     def __init__(self, inner):
         self.inner, self.seen = inner, []
 
-    def accept(self, tree, target_logits, sampler):
+    needs_hidden_states = ()
+
+    def prepare(self, target):
+        self.inner.prepare(target)
+
+    def accept(self, tree, target_logits, sampler, hidden_states=None):
         result = self.inner.accept(tree, target_logits, sampler)
         self.seen.append((tree, result))
         return result

@@ -115,17 +115,28 @@ def test_drafters_need_the_final_hidden_state(tmp_path, drafter_options):
 
 
 def test_learned_controls_travel_with_the_package_and_reach_their_drafters(tmp_path):
-    from tiny_models import acceptance_head_package, layer_router_package, naive_greedy
+    from tiny_models import acceptance_head_package, judge_package, layer_router_package, naive_greedy
+
+    from warpdecode.bench.specs import parse_methods
 
     model = greedy_target()
     head = acceptance_head_package(model, tmp_path / "head", bias=8.0)
     router = layer_router_package(model, tmp_path / "router", skip=(1,))
-    package = InferencePackage.load(export_package(model, None, tmp_path / "package", source="tiny", drafters=[head, router]))
-    assert package.manifest["drafters"] == {"acceptance_head": "drafters/acceptance_head", "layer_router": "drafters/layer_router"}
+    judge = judge_package(model, tmp_path / "judge", bias=-10.0)  # approves nothing: greedy-identical
+    package = InferencePackage.load(export_package(model, None, tmp_path / "package", source="tiny",
+                                                   drafters=[head, router, judge]))
+    assert package.manifest["drafters"] == {"acceptance_head": "drafters/acceptance_head", "judge": "drafters/judge",
+                                            "layer_router": "drafters/layer_router"}
     options = package.drafter_options()
     assert options == {"int4_self": {"acceptance_head": str(tmp_path / "package/drafters/acceptance_head")},
                        "int8_self": {"acceptance_head": str(tmp_path / "package/drafters/acceptance_head")},
-                       "first": {"router": str(tmp_path / "package/drafters/layer_router")}}
+                       "first": {"router": str(tmp_path / "package/drafters/layer_router")},
+                       "judge": {"path": str(tmp_path / "package/drafters/judge")}}
+    judged = parse_methods("int4_self:num_tokens=3:verifier=judge", defaults=options)[1].build(do_sample=False)
+    assert judged.verifier.path == str(tmp_path / "package/drafters/judge")
+    out = generate(package.backbone("onnxruntime", threads=1), None, [1, 2, 3], max_new_tokens=16, stop_at_eos=False,
+                   method=judged)
+    assert out.token_ids == naive_greedy(model, [1, 2, 3], 16)
     backbone = package.backbone("onnxruntime", threads=1)
     for name in ("int4_self", "first"):
         method = build_method(name, options=options[name] | {"num_tokens": 3})

@@ -53,7 +53,7 @@ def test_fit_saves_a_head_the_drafter_runs_losslessly(tiny_model_dir, tmp_path):
             enable_model_summary=False, default_root_dir=tmp_path).fit(module, datamodule)
     package = DrafterPackage.load(tmp_path / "head", kind="acceptance_head")
     assert package.config == {"d_model": 32, "hidden": 16}
-    assert {"auroc", "accuracy", "predicted_accept", "measured_accept", "train_samples", "accept_rate"} <= set(package.training)
+    assert {"auroc", "accuracy", "predicted_positive", "measured_positive", "train_samples", "accept_rate"} <= set(package.training)
     assert package.training["bits"] == 8 and 0 <= package.training["accept_rate"] <= 1
     model, _ = load_pretrained(tiny_model_dir)
     method = build_method("int8_self", do_sample=False, options={"num_tokens": 6, "acceptance_head": str(tmp_path / "head")})

@@ -156,10 +156,15 @@ EDIT_TYPO_RATE = 0.15
 """Share of words of 4+ letters that get two adjacent inner letters swapped."""
 
 
-def gsm8k_test_questions() -> list[str]:
+def gsm8k_test_rows() -> list[dict[str, str]]:
+    """GSM8K test rows: `question`, and `answer` (worked solution ending in `#### <number>`)."""
     path = dataset_file("gsm8k/test.jsonl")
     with path.open(encoding="utf-8") as f:
-        return [json.loads(line)["question"] for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def gsm8k_test_questions() -> list[str]:
+    return [row["question"] for row in gsm8k_test_rows()]
 
 
 @prompt_set("gsm8k")

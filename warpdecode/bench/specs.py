@@ -5,6 +5,7 @@
     draft_model:layers=10:num_tokens=4       options are the drafter's constructor arguments
     prompt_lookup:num_tokens=4,none          several methods: separate them with commas
     prompt_lookup:controller=adaptive        `controller=` / `verifier=` pick those components
+    int4_self:verifier=judge:verifier.path=DIR    `verifier.KEY=` / `controller.KEY=` set their options
 
 Values are read as int, float, `true`/`false`, `null`, or else kept as text (`model=models/draft`).
 In a YAML/JSON config a method may also be a mapping: `{name: draft_model, layers: 10}`.
@@ -62,30 +63,44 @@ class MethodSpec:
     defaults: dict[str, Any] = field(default_factory=dict, compare=False)
     """Drafter options supplied by the run rather than the spec (an inference package's drafter
     `path`); the spec's own options override them, and they are not part of the label."""
+    verifier_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
+    """The same for the spec's verifier (an inference package's judge)."""
 
     @property
     def label(self) -> str:
         """The canonical spec text, which names the method's row in every report."""
         return ":".join([self.name] + [f"{k}={format_value(v)}" for k, v in self.options.items()])
 
-    def _split(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(drafter options, build_method's `controller` / `verifier` names)."""
+    def _split(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+        """(drafter options, build_method's `controller` / `verifier` names, their options)."""
         components = {k: v for k, v in self.options.items() if k in COMPONENT_KEYS}
-        return self.defaults | {k: v for k, v in self.options.items() if k not in COMPONENT_KEYS}, components
+        component_options: dict[str, dict[str, Any]] = {"controller": {}, "verifier": dict(self.verifier_defaults)}
+        drafter = dict(self.defaults)
+        for key, value in self.options.items():
+            kind, dot, option = key.partition(".")
+            if dot and kind in COMPONENT_KEYS:
+                if kind not in components:
+                    raise ConfigError(f"method spec {self.label!r} sets {key!r} but names no {kind} ({kind}=NAME)")
+                component_options[kind][option] = value
+            elif key not in COMPONENT_KEYS:
+                drafter[key] = value
+        return drafter, components, component_options
 
     def build(self, *, do_sample: bool) -> Method:
-        options, components = self._split()
-        return build_method(self.name, do_sample=do_sample, options=options, **components)
+        options, components, component_options = self._split()
+        return build_method(self.name, do_sample=do_sample, options=options, **components,
+                            verifier_options=component_options["verifier"],
+                            controller_options=component_options["controller"])
 
     def validate(self) -> None:
         """Raise `ConfigError` for an unknown drafter, controller or verifier, unknown options or
         invalid option values."""
-        options, components = self._split()
+        options, components, component_options = self._split()
         registry.build("drafter", self.name, **options)
         for kind, name in components.items():
             if not isinstance(name, str):
                 raise ConfigError(f"method spec {self.label!r}: {kind} must be a name, got {name!r}")
-            registry.build(cast(registry.Kind, kind), name)
+            registry.build(cast(registry.Kind, kind), name, **component_options[kind])
 
 
 def parse_method(text: str) -> MethodSpec:
@@ -117,7 +132,7 @@ def parse_methods(value: str | Sequence[str | Mapping[str, Any]],
 
     Accepts the CLI form (`"prompt_lookup,draft_model:layers=10"`) or a config list whose entries are
     spec strings or mappings with a `name` key. Two entries with the same label are an error.
-    `defaults`: drafter name → options the run supplies (see `MethodSpec.defaults`).
+    `defaults`: drafter or verifier name → options the run supplies (see `MethodSpec.defaults`).
     """
     entries: list[str | Mapping[str, Any]] = [value] if isinstance(value, str) else list(value)
     specs: list[MethodSpec] = []
@@ -133,7 +148,10 @@ def parse_methods(value: str | Sequence[str | Mapping[str, Any]],
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise ConfigError(f"method(s) listed twice: {', '.join(duplicates)}")
-    specs = [dataclasses.replace(s, defaults=dict((defaults or {}).get(s.name, {}))) for s in specs]
+    defaults = defaults or {}
+    specs = [dataclasses.replace(s, defaults=dict(defaults.get(s.name, {})),
+                                 verifier_defaults=dict(defaults.get(str(s.options.get("verifier")), {})))
+             for s in specs]
     for spec in specs:
         spec.validate()
     baseline = [s for s in specs if s.label == BASELINE] or [MethodSpec(BASELINE)]

@@ -50,7 +50,9 @@ def run(
                               dtype=target.embed.weight.dtype, device=device)
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)
-    hidden_layers = method.drafter.needs_hidden_states  # known once prepared (may depend on the target)
+    method.verifier.prepare(target)
+    # known once prepared (may depend on the target)
+    hidden_layers = tuple(sorted({*method.drafter.needs_hidden_states, *method.verifier.needs_hidden_states}))
     stats = DecodeStats(prompt_tokens=len(prompt_ids))
     start = time.perf_counter()
     out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=hidden_layers,
@@ -88,7 +90,8 @@ def run(
         if sampler.penalties:
             history = TokenHistory(torch.tensor(state.tokens), len(prompt_ids), ((),) + tuple(candidates.path_tokens()))
             logits = sampler.penalize(logits, history)
-        result = method.verifier.accept(candidates, logits, sampler)
+        verified_hidden = {k: out.hidden_states[k][0, : candidates.size + 1] for k in method.verifier.needs_hidden_states}
+        result = method.verifier.accept(candidates, logits, sampler, verified_hidden)
         kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
         cache.commit(tree_start, torch.tensor([kept]), torch.tensor([len(kept)]))
         state.hidden_states = {k: v[0, kept] for k, v in out.hidden_states.items()}

@@ -8,7 +8,9 @@ rejection, or the extra token after a fully accepted path), and the state commit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar, Protocol
 
 from torch import Tensor
@@ -86,16 +88,29 @@ class Drafter(Protocol):
         """Feedback after verification; `state.tokens` already holds the accepted tokens."""
 
 
+NO_HIDDEN_STATES: Mapping[int, Tensor] = MappingProxyType({})
+
+
 class Verifier(Protocol):
+    """Verifiers subclass this protocol: most read only the target's logits and keep its defaults."""
+
     lossless: ClassVar[bool]
     """Output follows the target exactly: greedy token identity at temperature 0, the target's
     distribution when sampling."""
+    needs_hidden_states: tuple[int, ...] = ()
+    """Target hidden-state layers `accept` reads (known after `prepare`)."""
 
-    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+    def prepare(self, target: Backbone) -> None:
+        """Called before each request's timed decode, like `Drafter.prepare` (load weights once)."""
+
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
+               hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         """Args:
         tree: the proposal (N nodes).
         target_logits: (N+1, V) target logits over `[pending] + tree` (row 0: after the pending token).
         sampler: the request's sampling filters and random generator.
+        hidden_states: layer → (N+1, C) target hidden states over `[pending] + tree`, for the layers
+            of `needs_hidden_states`.
         """
         ...
 

@@ -51,10 +51,17 @@ def get(kind: Kind, name: str) -> type:
     return table[name]
 
 
+def _parameters(cls: type) -> list[inspect.Parameter]:
+    """Named constructor parameters (a component subclassing its protocol without an `__init__`
+    inherits a catch-all `(*args, **kwargs)`: it takes no options)."""
+    return [p for p in inspect.signature(cls).parameters.values()
+            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
 def options(cls: type) -> dict[str, dict[str, Any]]:
     """Constructor options of a component: name → {"type", "default"}."""
     out = {}
-    for p in inspect.signature(cls).parameters.values():
+    for p in _parameters(cls):
         default = None if p.default is inspect.Parameter.empty else p.default
         out[p.name] = {"type": str(p.annotation), "default": default}
     return out
@@ -67,8 +74,7 @@ def build(kind: Kind, name: str, **kwargs: Any) -> Any:
     unknown = set(kwargs) - set(valid)
     if unknown:
         raise ConfigError(f"{kind} {name!r} has no option(s) {sorted(unknown)}; options: {sorted(valid) or 'none'}")
-    missing = [key for key, p in inspect.signature(cls).parameters.items()
-               if p.default is inspect.Parameter.empty and key not in kwargs]
+    missing = [p.name for p in _parameters(cls) if p.default is inspect.Parameter.empty and p.name not in kwargs]
     if missing:
         raise ConfigError(f"{kind} {name!r} needs option(s) {missing}, e.g. {name}:{missing[0]}=...")
     return cls(**kwargs)

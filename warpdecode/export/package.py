@@ -226,10 +226,10 @@ class InferencePackage:
         return Tokenizer.load(self.directory) if "tokenizer.json" in self.manifest["files"] else None
 
     def drafter_options(self) -> dict[str, dict[str, Any]]:
-        """Drafter name → the options that run the package's trained drafter of that kind
-        (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path. A small learned
-        control goes to the drafters that read it (`CONTROL_OPTIONS`): an acceptance head to
-        `int4_self` / `int8_self`, layer routers to `first`."""
+        """Drafter (or verifier) name → the options that run the package's trained drafter of that kind
+        (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path, nor does
+        `verifier=judge` with a packaged judge. A small learned control goes to the drafters that read
+        it (`CONTROL_OPTIONS`): an acceptance head to `int4_self` / `int8_self`, layer routers to `first`."""
         options: dict[str, dict[str, Any]] = {}
         for kind, relative in self.manifest.get("drafters", {}).items():
             names, option = CONTROL_OPTIONS.get(kind, ((kind,), "path"))

@@ -26,6 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from warpdecode.datamodules.acceptance import AcceptanceDataModule
 from warpdecode.datamodules.corpus import CorpusDataModule
+from warpdecode.datamodules.judge import JudgeDataModule
 from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
@@ -37,13 +38,14 @@ from warpdecode.modules.certainty_forcing import CertaintyForcingLM
 from warpdecode.modules.clover import CloverDrafter
 from warpdecode.modules.distilled_draft import DistilledDraftDrafter
 from warpdecode.modules.eagle import EagleDrafter
+from warpdecode.modules.judge import JudgeModule
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
 REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CloverDrafter, CorpusDataModule,
-              DistilledDraftDrafter, EagleDrafter, HydraDrafter, MaskedDiffusionLM,
+              DistilledDraftDrafter, EagleDrafter, HydraDrafter, JudgeDataModule, JudgeModule, MaskedDiffusionLM,
               MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, SelfDecodedTasksDataModule,
               SelfDistillDataModule, TrajectoryDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")

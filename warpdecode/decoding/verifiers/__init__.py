@@ -2,6 +2,7 @@
 
 from warpdecode.decoding.verifiers import (  # noqa: F401
     greedy_match,
+    judge,
     spectr,
     speculative_sampling,
     trust,

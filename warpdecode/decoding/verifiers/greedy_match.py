@@ -5,11 +5,12 @@ Lossless at temperature 0: the emitted tokens are exactly those plain greedy dec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from torch import Tensor
 
-from warpdecode.decoding.protocols import AcceptResult
+from warpdecode.decoding.protocols import NO_HIDDEN_STATES, AcceptResult, Verifier
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
@@ -35,9 +36,10 @@ def greedy_accept(tree: DraftTree, target_logits: Tensor) -> AcceptResult:
 
 
 @register("verifier", "greedy")
-class GreedyMatch:
+class GreedyMatch(Verifier):
     lossless: ClassVar[bool] = True
     needs_sampling: ClassVar[bool] = False
 
-    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
+               hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         return greedy_accept(tree, target_logits)

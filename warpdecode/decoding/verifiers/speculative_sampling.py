@@ -14,13 +14,13 @@ way the emitted tokens follow p exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.protocols import AcceptResult
+from warpdecode.decoding.protocols import NO_HIDDEN_STATES, AcceptResult, Verifier
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
@@ -92,11 +92,12 @@ def speculative_accept(
 
 
 @register("verifier", "speculative_sampling")
-class SpeculativeSampling:
+class SpeculativeSampling(Verifier):
     lossless: ClassVar[bool] = True
     needs_sampling: ClassVar[bool] = True
 
-    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
+               hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         target_probs = sampler.probs(target_logits)  # (N+1, V)
         uniforms = torch.rand(tree.size, generator=sampler.generator)
         return self.rule(tree, target_probs, uniforms, sampler.generator)

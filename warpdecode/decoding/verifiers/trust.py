@@ -10,11 +10,12 @@ the output divergence the method trades for speed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from torch import Tensor
 
-from warpdecode.decoding.protocols import AcceptResult
+from warpdecode.decoding.protocols import NO_HIDDEN_STATES, AcceptResult, Verifier
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
@@ -35,9 +36,10 @@ def trust_accept(tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> Ac
 
 
 @register("verifier", "trust")
-class Trust:
+class Trust(Verifier):
     lossless: ClassVar[bool] = False
     needs_sampling: ClassVar[bool] = False
 
-    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
+               hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         return trust_accept(tree, target_logits, sampler)

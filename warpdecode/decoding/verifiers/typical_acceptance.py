@@ -9,12 +9,13 @@ is followed. The bonus token comes from the sampler (argmax when not sampling).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.protocols import AcceptResult
+from warpdecode.decoding.protocols import NO_HIDDEN_STATES, AcceptResult, Verifier
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
@@ -43,7 +44,7 @@ def typical_accept(tree: DraftTree, target_probs: Tensor, epsilon: float, delta:
 
 
 @register("verifier", "typical")
-class TypicalAcceptance:
+class TypicalAcceptance(Verifier):
     lossless: ClassVar[bool] = False
     needs_sampling: ClassVar[bool] = False
 
@@ -57,7 +58,8 @@ class TypicalAcceptance:
         self.epsilon = epsilon
         self.delta = delta
 
-    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler) -> AcceptResult:
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
+               hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         probs = torch.softmax(target_logits.float(), dim=-1)
         path, row = typical_accept(tree, probs, self.epsilon, self.delta)
         bonus = int(sampler.select(target_logits[row : row + 1])[0])
