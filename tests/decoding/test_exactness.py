@@ -62,6 +62,12 @@ def test_greedy_identity_draft_tree(target, prompt, single_thread):
     check_greedy_identity(target, "draft_model", TREE_OPTIONS, prompt)
 
 
+@pytest.mark.parametrize("name", ["medusa", "hydra", "eagle", "clover"])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
+def test_greedy_identity_learned_drafter_with_prompt_lookup(target, name, prompt, drafter_options, single_thread):
+    check_greedy_identity(target, name, drafter_options[name] | {"lookup": 4}, prompt)
+
+
 def check_greedy_identity(target, name, options, prompt):
     method = build_method(name, options=options)
     out = generate(target, None, prompt, max_new_tokens=24, stop_at_eos=False, method=method)
@@ -184,9 +190,10 @@ def tiny_vocab_packages(tmp_path_factory):
     ("distilled", {"num_tokens": 2}, None),
     ("clover", {}, None),
     ("distilled", {"num_tokens": 1, "top_k": 2, "replacement": False}, None),
+    ("hydra", {"lookup": 3}, None),
 ], ids=["draft_model", "draft_model-tree", "prompt_lookup", "draft_model-tree-without-replacement",
         "draft_model-tree-spectr", "token_recycling", "int4_self", "int4_self-specdec++", "adaptive_ngram", "fused", "eagle", "medusa",
-        "hydra", "diffuspec", "distilled", "clover", "distilled-tree-without-replacement"])
+        "hydra", "diffuspec", "distilled", "clover", "distilled-tree-without-replacement", "hydra-lookup"])
 def test_engine_sampling_matches_target_distribution(name, options, verifier, tiny_vocab_packages, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
     follows the target's conditional distribution given the first."""

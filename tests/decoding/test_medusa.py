@@ -129,3 +129,19 @@ def test_bad_options_are_refused(target, packages, tmp_path):
         MedusaDraft(packages["medusa"], tree="chain", num_tokens=5).prepare(target)
     with pytest.raises(CheckpointError, match="holds a 'medusa' drafter"):
         HydraDraft(packages["medusa"]).prepare(target)
+
+
+def test_prompt_lookup_fuses_into_the_learned_tree(drafter_options, single_thread):
+    """On text that repeats, `lookup` adds the copied chain to the heads' tree: longer proposals,
+    the same greedy output."""
+    from tiny_models import naive_greedy
+
+    model, prompt = greedy_target(), [5, 6, 7, 8, 9, 10] * 4
+    plain = generate(model, None, prompt, max_new_tokens=24, stop_at_eos=False,
+                     method=build_method("hydra", options=drafter_options["hydra"]))
+    fused = generate(model, None, prompt, max_new_tokens=24, stop_at_eos=False,
+                     method=build_method("hydra", options=drafter_options["hydra"] | {"lookup": 6}))
+    assert fused.token_ids == plain.token_ids == naive_greedy(model, prompt, 24)
+    assert max(fused.stats.proposed_per_step) > max(plain.stats.proposed_per_step)
+    with pytest.raises(ConfigError, match="lookup"):
+        build_method("hydra", options=drafter_options["hydra"] | {"lookup": -1})

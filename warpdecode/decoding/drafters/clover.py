@@ -31,15 +31,18 @@ from warpdecode.models.clover import CloverNet
 class CloverDraft(PackagedDrafter[CloverNet]):
     kind = "clover"
 
-    def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 4) -> None:
+    def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 4,
+                 lookup: int = 0) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/clover.yaml`.
         tree: `static` (the tree stored with the drafter) or `chain`.
         num_nodes: static tree size (default: the stored tree's); `auto`: the size with the most expected
             tokens per second on this machine, from the stored τ per size and the measured verify latency.
         num_tokens: chain length for `chain`.
+        lookup: fuse a prompt-lookup chain of up to this many tokens into every proposal whose context
+            has a match (0: off).
         """
-        super().__init__(path, tree, num_nodes, num_tokens)
+        super().__init__(path, tree, num_nodes, num_tokens, lookup)
         self.augment_cache: KVCache | None = None
         self.context: KVCache | None = None
         """The decoder's keys/values of every committed position (one layer)."""
@@ -89,7 +92,7 @@ class CloverDraft(PackagedDrafter[CloverNet]):
                              keys, values)[0]
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+    def draft(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.net is not None, "start() must run first"
         self.extend_context()
         if budget < 1:

@@ -48,7 +48,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
     trees = ("static", "chain", "dynamic")
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 5,
-                 top_k: int = 4) -> None:
+                 top_k: int = 4, lookup: int = 0) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/eagle.yaml`.
         tree: `static` (the tree stored with the drafter), `chain` or `dynamic` (see the module doc).
@@ -57,8 +57,10 @@ class EagleDraft(PackagedDrafter[EagleNet]):
             stored τ per size and the measured verify latency.
         num_tokens: chain length for `chain`; draft forwards (expansions) for `dynamic`.
         top_k: candidates per expanded node for `dynamic`.
+        lookup: fuse a prompt-lookup chain of up to this many tokens into every proposal whose context
+            has a match (0: off).
         """
-        super().__init__(path, tree, num_nodes, num_tokens)
+        super().__init__(path, tree, num_nodes, num_tokens, lookup)
         if top_k < 1:
             raise ConfigError(f"eagle top_k must be >= 1, got {top_k}")
         self.top_k = top_k
@@ -112,7 +114,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         return hidden[0]
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+    def draft(self, state: DecodeState, budget: int) -> DraftTree:
         assert self.net is not None and self.cache is not None and self.pairs is not None, "start() must run first"
         features, tokens = self.pairs
         self.pairs = None

@@ -23,7 +23,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.drafters.prompt_lookup import PromptLookup
 from warpdecode.decoding.latency import choose_nodes, verify_seconds
+from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import RankPath, chain
 from warpdecode.errors import ConfigError
@@ -134,7 +136,12 @@ class PackagedDrafter(Generic[NetT]):
     trees: ClassVar[tuple[str, ...]] = ("static", "chain")
     needs_training: ClassVar[bool] = True
 
-    def __init__(self, path: str, tree: str, num_nodes: int | str | None, num_tokens: int | None) -> None:
+    def __init__(self, path: str, tree: str, num_nodes: int | str | None, num_tokens: int | None,
+                 lookup: int = 0) -> None:
+        if lookup < 0:
+            raise ConfigError(f"{self.kind} lookup must be >= 0 (0: no prompt lookup), got {lookup}")
+        self.copier = PromptLookup(num_tokens=lookup) if lookup else None
+        """Prompt lookup whose chain is fused into every proposal (`lookup` > 0)."""
         if tree not in self.trees:
             raise ConfigError(f"{self.kind} tree must be one of {', '.join(self.trees)}, got {tree!r}")
         self.auto_nodes = num_nodes == "auto"
@@ -156,6 +163,19 @@ class PackagedDrafter(Generic[NetT]):
     def build(self, target: Backbone, config: dict[str, Any]) -> NetT:
         """An untrained network of the package's `config` for `target`."""
         raise NotImplementedError
+
+    def draft(self, state: DecodeState, budget: int) -> DraftTree:
+        """The learned network's tree of at most `budget` nodes continuing `state.pending`."""
+        raise NotImplementedError
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        """The learned tree; with `lookup`, fused after the prompt-lookup chain when the context has a
+        match (text the answer copies, where learned drafters are weakest), both verified in one forward."""
+        learned = self.draft(state, budget)
+        if self.copier is None:
+            return learned
+        copied = self.copier.propose(state, budget)
+        return DraftTree.fuse([copied, learned], budget) if copied.size else learned
 
     def load_net(self, target: Backbone) -> NetT:
         """The package's trained network for `target` (`load_package_net`)."""

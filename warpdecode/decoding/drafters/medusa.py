@@ -40,7 +40,7 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
     net_class: ClassVar[type[FutureHeads]]
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None,
-                 num_tokens: int | None = None) -> None:
+                 num_tokens: int | None = None, lookup: int = 0) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/<kind>.yaml`.
         tree: `static` (the tree stored with the drafter) or `chain`.
@@ -48,8 +48,10 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
             expected tokens per second on this machine, from the stored τ per size and the measured
             verify latency.
         num_tokens: chain length, at most the number of heads (default: all of them).
+        lookup: fuse a prompt-lookup chain of up to this many tokens into every proposal whose context
+            has a match (0: off).
         """
-        super().__init__(path, tree, num_nodes, num_tokens)
+        super().__init__(path, tree, num_nodes, num_tokens, lookup)
         self.graphs: OnnxHeads | None = None
         """The heads' ONNX graphs, used when the target is not a PyTorch model and they exist."""
 
@@ -75,7 +77,7 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         """Nothing to update: each step reads the last accepted feature from `state.hidden_states`."""
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+    def draft(self, state: DecodeState, budget: int) -> DraftTree:
         if budget < 1 or not self.shape:
             return DraftTree.empty()
         feature = state.hidden_states[self.needs_hidden_states[0]][-1:]  # (1, C): predicted the pending token
