@@ -1,5 +1,6 @@
-"""Medusa and Hydra heads, the EAGLE network and the distilled draft model exported as ONNX graphs: same
-outputs as the PyTorch networks, and used by the drafters when the target runs in ONNX Runtime."""
+"""Medusa and Hydra heads, the EAGLE network, the distilled draft model and the Clover network exported
+as ONNX graphs: same outputs as the PyTorch networks, and used by the drafters when the target runs in
+ONNX Runtime."""
 
 from pathlib import Path
 
@@ -10,9 +11,11 @@ from tiny_models import greedy_target
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.export.drafter_graphs import (
+    CLOVER_GRAPHS,
     DISTILLED_GRAPH,
     EAGLE_GRAPHS,
     MEDUSA_GRAPH,
+    OnnxClover,
     OnnxDistilled,
     OnnxEagle,
     OnnxHeads,
@@ -30,6 +33,35 @@ def test_graphs_are_in_the_package(tiny_package):
     assert {f"drafters/hydra/{hydra_graph(k)}" for k in range(1, 5)} <= set(files)
     assert {f"drafters/eagle/{name}" for name in EAGLE_GRAPHS} <= set(files)
     assert f"drafters/distilled/{DISTILLED_GRAPH}" in files
+    assert {f"drafters/clover/{name}" for name in CLOVER_GRAPHS} <= set(files)
+
+
+def test_clover_graphs_equal_the_pytorch_network_with_a_cache(tiny_package):
+    directory = Path(tiny_package) / "drafters" / "clover"
+    target = greedy_target()
+    net = registry.build("drafter", "clover", path=str(directory)).load_net(target)
+    graphs = OnnxClover.find(directory, net, threads=1)
+    assert graphs is not None
+    caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]
+    C = target.config.d_model
+    with torch.inference_mode():
+        start = 0
+        for T in (6, 1, 2):  # the prompt's features, then one and two committed positions
+            features, positions = torch.randn(1, T, C), torch.arange(start, start + T)[None]
+            expected_states = net.augmented(features, positions, caches[0])
+            expected_keys, expected_values = net.context_kv(expected_states, positions)
+            states, keys, values = graphs.augmented(features, positions, caches[1])
+            for got, expected in ((states, expected_states), (keys, expected_keys), (values, expected_values)):
+                torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+            start += T
+        assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [9]
+        h, tokens = torch.randn(3, C), torch.tensor([4, 7, 9])
+        positions = torch.full((3,), 9)
+        context_keys, context_values = torch.randn(2, net.config.kv_head_count, 9, net.config.head_width).unbind(0)
+        expected = net.step(h[None], target.embed(tokens)[None], positions[None], context_keys[None], context_values[None])[0]
+        got, logits = graphs.step(h, target.embed(tokens), positions, context_keys, context_values)
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits, net.logits(expected), atol=1e-4, rtol=1e-4)
 
 
 def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
@@ -86,7 +118,7 @@ def test_graph_logits_equal_the_pytorch_heads(tiny_package, kind):
                                        atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "hydra", "eagle", "distilled"])
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "eagle", "distilled", "clover"])
 def test_drafters_run_their_graphs_on_onnxruntime(tiny_package, kind):
     package = InferencePackage.load(tiny_package)
     ort = package.backbone("onnxruntime", threads=1)

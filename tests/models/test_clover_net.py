@@ -30,7 +30,7 @@ def test_cached_drafting_equals_the_training_unroll():
         keys, values = net.context_kv(states, positions)
         h = states[:, -1:]
         for k in range(1, steps + 1):
-            h = net.step(h, tokens[:, i + k : i + k + 1], target.embed, torch.tensor([[i + k]]), keys, values)
+            h = net.step(h, target.embed(tokens[:, i + k : i + k + 1]), torch.tensor([[i + k]]), keys, values)
             torch.testing.assert_close(net.logits(h)[0, 0], unrolled[k - 1][0, i], atol=1e-5, rtol=1e-5)
 
 

@@ -92,6 +92,6 @@ class AcceptanceDataModule(AnswerSamplesDataModule):
     def make_samples(self, target: Transformer, examples: list[Example], desc: str) -> dict[str, Tensor]:
         return label_examples(quantized_copy(target, self.bits), examples, desc)
 
-    def summarize(self, splits: dict[str, dict[str, Tensor]]) -> dict[str, float]:
+    def summarize(self, splits: dict[str, Any]) -> dict[str, float]:
         return {"train_samples": len(splits["train"]["labels"]),
                 "accept_rate": round(float(splits["train"]["labels"].float().mean()), 4)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -74,7 +75,7 @@ class AnswerSamplesDataModule(LightningDataModule):
     def make_samples(self, target: Transformer, examples: list[Example], desc: str) -> dict[str, Tensor]:
         """The samples of one split's answers: `sample_keys` → (N, ...) tensors."""
 
-    def summarize(self, splits: dict[str, dict[str, Tensor]]) -> dict[str, float]:
+    def summarize(self, splits: dict[str, Any]) -> dict[str, float]:
         """Figures of the samples for the log and the trained package (`stats`)."""
         labels = splits["train"]["labels"].float()
         return {"train_samples": len(labels), "val_samples": len(splits["val"]["labels"]),
@@ -99,15 +100,17 @@ class AnswerSamplesDataModule(LightningDataModule):
             splits = torch.load(path)
             rank_zero_info(f"{self.cache_name} samples: reusing {path}")
         else:
+            started = time.perf_counter()
             splits = {split: self.make_samples(target, self.distill.datasets[split].examples[: self.max_answers[split]],
                                                f"{self.cache_name} samples ({split})")
                       for split in ("train", "val")}
+            splits["minutes"] = round((time.perf_counter() - started) / 60, 2)  # what making them cost
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             torch.save(splits, tmp)
             tmp.replace(path)
-        self.datasets = {split: TensorDataset(*(s[k] for k in self.sample_keys)) for split, s in splits.items()}
-        self.stats = self.summarize(splits)
+        self.datasets = {split: TensorDataset(*(splits[split][k] for k in self.sample_keys)) for split in ("train", "val")}
+        self.stats = self.summarize(splits) | ({"sample_minutes": splits["minutes"]} if "minutes" in splits else {})
         rank_zero_info(f"{self.cache_name} samples: " + ", ".join(f"{k} {v}" for k, v in self.stats.items()))
 
     def _loader(self, split: str) -> DataLoader:

@@ -14,10 +14,17 @@ An inference package stores them beside each drafter package (`drafters/<kind>/`
                        position_ids (B, T), attention_mask (B, 1, T, S + T), logit_index (K,),
                        past_key_i / past_value_i (B, Hkv, S, D) per block
                        → logits (B, K, N), new_keys / new_values (L, B, Hkv, T, D)
+    clover_augment.onnx  Clover's augmenting block: features (B, T, C), position_ids (B, T),
+                       attention_mask (B, 1, T, S + T), past_key_0 / past_value_0 (B, Hkv, S, D)
+                       → states (B, T, C), new_keys / new_values (1, B, Hkv, T, D), and the
+                       decoder's context_keys / context_values (B, Hkv, T, D) of the new states
+    clover_step.onnx   Clover's decoder step: states (M, C), embeds (M, C), position_ids (M,),
+                       keys / values (Hkv, S, D) (the context) → next_states (M, C), logits (M, N)
 
 (N: the draft vocabulary; the graphs hold the frozen head rows, so they need nothing from the
 target but its features and its token embeddings.) On an ONNX Runtime target the drafters run
-these graphs instead of their PyTorch networks (`OnnxHeads`, `OnnxEagle`), so drafting and
+these graphs instead of their PyTorch networks (`OnnxHeads`, `OnnxEagle`, `OnnxDistilled`,
+`OnnxClover`), so drafting and
 verifying share one runtime; the PyTorch network stays the reference they are tested against.
 """
 
@@ -36,6 +43,7 @@ from warpdecode.export.onnx_graph import OPSET, cache_shapes, export_optimized, 
 from warpdecode.export.onnxruntime_backend import run_step_graph
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.cache import KVCache
+from warpdecode.models.clover import CloverNet
 from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.eagle import EagleNet
 from warpdecode.models.medusa import FutureHeads, HydraHeads
@@ -44,6 +52,7 @@ from warpdecode.models.transformer import new_token_mask
 MEDUSA_GRAPH = "heads.onnx"
 EAGLE_GRAPHS = ("eagle_layer.onnx", "eagle_head.onnx")
 DISTILLED_GRAPH = "distilled_step.onnx"
+CLOVER_GRAPHS = ("clover_augment.onnx", "clover_step.onnx")
 
 
 def hydra_graph(k: int) -> str:
@@ -141,6 +150,66 @@ def export_distilled_graph(net: DistilledDraftNet, directory: Path) -> list[str]
     return [DISTILLED_GRAPH]
 
 
+class CloverAugmentGraph(StepGraph):
+    """Clover's augmenting block over the target's features exactly as the backbone's step graph runs
+    its blocks, then the attention decoder's keys and values of the augmented states."""
+
+    def __init__(self, net: CloverNet) -> None:
+        super().__init__(net.augment, ())
+        self.net = net
+
+    def input_names(self) -> list[str]:
+        return ["features", *super().input_names()[1:3], *super().input_names()[4:]]
+
+    def output_names(self) -> list[str]:
+        return ["states", "new_keys", "new_values", "context_keys", "context_values"]
+
+    def forward(self, features: Tensor, position_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
+                *past: Tensor) -> tuple[Tensor, ...]:
+        states, new_keys, new_values, _ = self.run_blocks(features, position_ids, attention_mask, past)
+        keys, values = self.net.context_kv(states, position_ids)
+        return states, new_keys, new_values, keys, values
+
+
+class _CloverStep(nn.Module):
+    def __init__(self, net: CloverNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, states: Tensor, embeds: Tensor, position_ids: Tensor, keys: Tensor,
+                values: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.net.step(states[None], embeds[None], position_ids[None], keys[None], values[None])[0]
+        return x, self.net.logits(x)
+
+
+def export_clover_graphs(net: CloverNet, directory: Path) -> list[str]:
+    """Write Clover's augmenting-block step graph and decoder-step graph into `directory`; the file names."""
+    from torch.export import Dim
+
+    net.unpack()  # the export traces the dense weights
+    config, C = net.config, net.fc.out_features
+    Hkv, D = config.kv_head_count, config.head_width
+    B, T, S, M = 2, 3, 5, 4  # distinct sizes > 1: the exporter keeps every dimension dynamic
+    inputs = (torch.zeros(B, T, C), (S + torch.arange(T)).expand(B, T).contiguous(),
+              torch.ones(B, 1, T, S + T, dtype=torch.bool), *(torch.zeros(B, Hkv, S, D) for _ in range(2)))
+    batch, new = Dim("batch"), Dim("new_tokens")
+    shapes = {"features": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
+              "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "past": cache_shapes(1, batch)}
+    export_optimized(CloverAugmentGraph(net).eval(), inputs, shapes, directory / CLOVER_GRAPHS[0], external_data=False)
+    rows, context = Dim("rows"), Dim("context")
+    step_inputs = (torch.zeros(M, C), torch.zeros(M, C), torch.full((M,), S), torch.zeros(Hkv, S, D),
+                   torch.zeros(Hkv, S, D))
+    names = ["states", "embeds", "position_ids", "keys", "values"]
+    step_shapes = {"states": {0: rows}, "embeds": {0: rows}, "position_ids": {0: rows}, "keys": {1: context},
+                   "values": {1: context}}
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_CloverStep(net).eval(), step_inputs, str(directory / CLOVER_GRAPHS[1]), dynamo=True,
+                          dynamic_shapes=step_shapes, input_names=names, output_names=["next_states", "logits"],
+                          opset_version=OPSET, external_data=False, verbose=False)
+    return list(CLOVER_GRAPHS)
+
+
 def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path: Path) -> None:
     from torch.export import Dim
 
@@ -152,11 +221,13 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path:
                           output_names=["logits"], opset_version=OPSET, external_data=False, verbose=False)
 
 
-def export_drafter_graphs(net: FutureHeads | EagleNet | DistilledDraftNet, directory: Path) -> list[str]:
-    """Write the graphs of `net` (Medusa or Hydra heads, an EAGLE network or a distilled draft model,
-    fp32, as `load_package_net` gives them) into `directory`; the file names written."""
+def export_drafter_graphs(net: FutureHeads | EagleNet | DistilledDraftNet | CloverNet, directory: Path) -> list[str]:
+    """Write the graphs of `net` (Medusa or Hydra heads, an EAGLE network, a distilled draft model or a
+    Clover network, fp32, as `load_package_net` gives them) into `directory`; the file names written."""
     if isinstance(net, EagleNet):
         return export_eagle_graphs(net, directory)
+    if isinstance(net, CloverNet):
+        return export_clover_graphs(net, directory)
     if isinstance(net, DistilledDraftNet):
         return export_distilled_graph(net, directory)
     C = net.head.in_features
@@ -243,6 +314,45 @@ class OnnxDistilled:
         run_step_graph(self.session, self.names, [embed(tokens).to(cache.k.dtype).contiguous()], positions, cache,
                        None, True, [index], {"logits": logits})
         return logits
+
+
+class OnnxClover:
+    """Clover's graphs in ONNX Runtime: `augmented(features, positions, cache)` → (states, context keys,
+    context values) as `CloverNet.augmented` + `context_kv`, and `step(states, embeds, positions, keys,
+    values)` → (next states, logits) as `CloverNet.step` + `logits` for one row."""
+
+    def __init__(self, augment: object, step: object, draft_vocab_size: int) -> None:
+        self.augment_session, self.step_session, self.draft_vocab_size = augment, step, draft_vocab_size
+        self.names = [i.name for i in augment.get_inputs()]  # type: ignore[attr-defined]
+
+    @classmethod
+    def find(cls, directory: Path, net: CloverNet, threads: int | None = None) -> OnnxClover | None:
+        """The graphs of `net` in `directory`, or None if either is missing."""
+        paths = [directory / name for name in CLOVER_GRAPHS]
+        if not all(path.is_file() for path in paths):
+            return None
+        return cls(cpu_session(paths[0], threads), cpu_session(paths[1], threads), net.draft_vocab.numel())
+
+    def augmented(self, features: Tensor, positions: Tensor, cache: KVCache) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, C) features at `positions` (B, T), appended to the block's `cache` → states (B, T, C)
+        and the decoder's keys / values (B, Hkv, T, D)."""
+        B, T, C = features.shape
+        dtype = cache.k.dtype
+        states = torch.empty(B, T, C, dtype=dtype)
+        keys = torch.empty(B, cache.k.shape[2], T, cache.k.shape[4], dtype=dtype)
+        values = torch.empty_like(keys)
+        run_step_graph(self.augment_session, self.names, [features.to(dtype).contiguous()], positions, cache, None,
+                       True, [], {"states": states, "context_keys": keys, "context_values": values})
+        return states, keys, values
+
+    def step(self, states: Tensor, embeds: Tensor, positions: Tensor, keys: Tensor,
+             values: Tensor) -> tuple[Tensor, Tensor]:
+        """(M, C) states, (M, C) embeddings, (M,) positions, (Hkv, S, D) context → (M, C), (M, N)."""
+        feeds = {"states": states, "embeds": embeds, "keys": keys, "values": values}
+        arrays = {name: np.ascontiguousarray(t.detach().float().cpu().numpy()) for name, t in feeds.items()}
+        arrays["position_ids"] = np.ascontiguousarray(positions.cpu().numpy().astype(np.int64))
+        next_states, logits = self.step_session.run(None, arrays)  # type: ignore[attr-defined]
+        return torch.from_numpy(next_states), torch.from_numpy(logits)
 
 
 class OnnxHeads:

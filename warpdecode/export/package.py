@@ -49,7 +49,7 @@ FORMAT = "warpdecode-package"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPH = "backbone.onnx"
-GRAPH_KINDS = ("medusa", "hydra", "eagle", "distilled")
+GRAPH_KINDS = ("medusa", "hydra", "eagle", "distilled", "clover")
 """Drafters whose networks are exported as ONNX graphs too (`export.drafter_graphs`)."""
 CONTROL_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "acceptance_head": (("int4_self", "int8_self"), "acceptance_head"),

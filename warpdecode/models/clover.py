@@ -111,12 +111,12 @@ class CloverNet(DraftVocabNet):
         v = a.v_proj(states).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
         return self._rope(k, positions), v
 
-    def step(self, states: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor, keys: Tensor,
-             values: Tensor, mask: Tensor | None = None) -> Tensor:
+    def step(self, states: Tensor, embeds: Tensor, positions: Tensor, keys: Tensor, values: Tensor,
+             mask: Tensor | None = None) -> Tensor:
         """One draft step for M queries per row.
 
         Args:
-            states: (B, M) previous states h (B, M, C); tokens: (B, M) int64 the token each reads.
+            states: (B, M, C) previous states h; embeds: (B, M, C) the target's embedding of the token each reads.
             positions: (B, M) int64 position of each token.
             keys, values: (B, Hkv, S, D) the decoder's context (`context_kv`).
             mask: (B or 1, 1, M, S) bool context each query sees; None: all of it.
@@ -125,7 +125,7 @@ class CloverNet(DraftVocabNet):
         """
         B, M, _ = states.shape
         a = self.cross
-        x = self.fc(torch.cat([states, embed(tokens).to(states.dtype)], dim=-1))
+        x = self.fc(torch.cat([states, embeds.to(states.dtype)], dim=-1))
         q = self._rope(a.q_proj(self.cross_norm(x)).view(B, M, a.n_head, a.head_dim).transpose(1, 2), positions)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=a.n_kv_head != a.n_head)
         x = x + a.o_proj(y.transpose(1, 2).reshape(B, M, a.n_head * a.head_dim))
@@ -156,6 +156,6 @@ class CloverNet(DraftVocabNet):
         for k in range(1, steps + 1):
             read = tokens[:, k : k + n]
             read = torch.cat([read, read.new_zeros(B, n - read.shape[1])], dim=1)
-            h = self.step(h, read, embed, positions[:, :n] + k, keys, values, mask)
+            h = self.step(h, embed(read), positions[:, :n] + k, keys, values, mask)
             outputs.append(self.logits(h))
         return outputs

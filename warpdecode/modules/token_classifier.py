@@ -79,7 +79,8 @@ class TokenClassifierModule(LightningModule):
         if not isinstance(datamodule, AnswerSamplesDataModule) or datamodule.target is None:
             raise ConfigError(f"the {self.kind} head trains on an AnswerSamplesDataModule "
                               "(AcceptanceDataModule, JudgeDataModule)")
-        training: dict[str, Any] = {"optimizer_steps": self.global_step, **datamodule.hparams, **datamodule.stats,
+        data = {k: v for k, v in datamodule.hparams.items() if not k.startswith("_")}  # not the CLI's own entries
+        training: dict[str, Any] = {"optimizer_steps": self.global_step, **data, **datamodule.stats,
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         training.update(last_logged(self.trainer, VALIDATION_KEYS))
         target = DrafterPackage.describe_target(datamodule.target, datamodule.target_source)

@@ -9,10 +9,13 @@ committed context, so nodes never see each other and no draft entry ever enters 
 
 Tree shapes (`tree=`): `static` (default, the tree stored with the drafter, cut with `num_nodes`;
 `auto` sizes it for this machine) and `chain` (`num_tokens`), as every packaged drafter (`learned.py`).
+On an ONNX Runtime target the network runs as the graphs exported into an inference package
+(`export.drafter_graphs.OnnxClover`) when the package has them.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,9 +25,11 @@ from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, f
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
+from warpdecode.export.drafter_graphs import OnnxClover
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
+from warpdecode.models.transformer import Transformer
 
 
 @register("drafter", "clover")
@@ -50,6 +55,15 @@ class CloverDraft(PackagedDrafter[CloverNet]):
         """Target features (m, C) of the positions committed since the last proposal."""
         self.last_state: Tensor | None = None
         """(C,) augmented state of the last committed position."""
+        self.graphs: OnnxClover | None = None
+        """The network's ONNX graphs, used when the target is not a PyTorch model and they exist."""
+
+    def prepare(self, target: Backbone) -> None:
+        checked = self.checked
+        super().prepare(target)
+        if self.checked is not checked:
+            assert self.net is not None
+            self.graphs = None if isinstance(target, Transformer) else OnnxClover.find(Path(self.path), self.net)
 
     def build(self, target: Backbone, config: dict[str, Any]) -> CloverNet:
         return CloverNet(target.config, config["draft_vocab_size"], config["d_ff"])
@@ -74,22 +88,30 @@ class CloverDraft(PackagedDrafter[CloverNet]):
         features, self.features = self.features.to(self.net.fc.weight.dtype), None
         committed = int(self.context.lengths[0])
         positions = torch.arange(committed, committed + features.shape[0], device=features.device)[None]
-        states = self.net.augmented(features[None], positions, self.augment_cache)
-        keys, values = self.net.context_kv(states, positions)
+        if self.graphs is not None:
+            states, keys, values = self.graphs.augmented(features[None], positions, self.augment_cache)
+        else:
+            states = self.net.augmented(features[None], positions, self.augment_cache)
+            keys, values = self.net.context_kv(states, positions)
         plan = self.context.plan_write(keys.shape[2])
         self.context.write(0, keys, values, plan)
         self.context.advance(plan)
         self.last_state = states[0, -1]
 
-    def step(self, states: Tensor, tokens: list[int], depth: int) -> Tensor:
-        """Decoder states (M, C) after each of `tokens` at `depth` (1: the pending token) from `states` (M, C)."""
-        assert self.net is not None and self.checked is not None and self.context is not None
-        committed = int(self.context.lengths[0])
+    def step(self, states: Tensor, tokens: list[int], depth: int) -> tuple[Tensor, Tensor]:
+        """Decoder states (M, C) after each of `tokens` at `depth` (1: the pending token) from `states`
+        (M, C), and their draft-vocabulary logits (M, N)."""
+        net, target, context = self.net, self.checked, self.context
+        assert net is not None and target is not None and context is not None
+        committed = int(context.lengths[0])
         device = states.device
-        positions = torch.full((1, len(tokens)), committed - 1 + depth, dtype=torch.int64, device=device)
-        keys, values = self.context.k[0, :, :, :committed], self.context.v[0, :, :, :committed]
-        return self.net.step(states[None], torch.tensor([tokens], device=device), self.checked.embed, positions,
-                             keys, values)[0]
+        positions = torch.full((len(tokens),), committed - 1 + depth, dtype=torch.int64, device=device)
+        embeds = target.embed(torch.tensor(tokens, device=device))  # (M, C)
+        keys, values = context.k[0, 0, :, :committed], context.v[0, 0, :, :committed]  # (Hkv, S, D)
+        if self.graphs is not None:
+            return self.graphs.step(states, embeds, positions, keys, values)
+        out = net.step(states[None], embeds[None], positions[None], keys[None], values[None])[0]
+        return out, net.logits(out)
 
     @torch.inference_mode()
     def draft(self, state: DecodeState, budget: int) -> DraftTree:
@@ -100,13 +122,13 @@ class CloverDraft(PackagedDrafter[CloverNet]):
         assert self.last_state is not None
         net = self.net
         layout = ShapeLayout.of(self.shape[:budget])
-        root = self.step(self.last_state[None], [state.tokens[-1]], 1)  # after the pending token
+        root, root_logits = self.step(self.last_state[None], [state.tokens[-1]], 1)  # after the pending token
         states: dict[int, Tensor] = {-1: root[0]}
 
         def rank_children(depth: int, grow: list[int], tokens: list[int]) -> list[list[int]]:
             parents = torch.stack([states[layout.parents[i]] for i in grow])
-            out = self.step(parents, [tokens[i] for i in grow], depth + 1)
+            out, logits = self.step(parents, [tokens[i] for i in grow], depth + 1)
             states.update(zip(grow, out))
-            return ranked_tokens(net.logits(out), net.draft_vocab, layout.width)
+            return ranked_tokens(logits, net.draft_vocab, layout.width)
 
-        return fill_shape(layout, ranked_tokens(net.logits(root), net.draft_vocab, layout.width)[0], rank_children)
+        return fill_shape(layout, ranked_tokens(root_logits, net.draft_vocab, layout.width)[0], rank_children)
