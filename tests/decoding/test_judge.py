@@ -20,6 +20,18 @@ PROMPT = [3, 7, 1, 9, 4, 4, 2]
 GREEDY = Sampler(SamplingConfig())
 
 
+def scores(values: list[float]):
+    """The judge's scores as `judge_accept` asks for them, recording which nodes it asked about."""
+    asked: list[int] = []
+
+    def score(nodes: list[int]) -> list[float]:
+        asked.extend(nodes)
+        return [values[n] for n in nodes]
+
+    score.asked = asked  # type: ignore[attr-defined]
+    return score
+
+
 def logits_choosing(choices: list[int], vocab: int = 8) -> torch.Tensor:
     """(len(choices), vocab) logits whose argmax at row i is choices[i]."""
     logits = torch.zeros(len(choices), vocab)
@@ -30,7 +42,7 @@ def logits_choosing(choices: list[int], vocab: int = 8) -> torch.Tensor:
 def test_a_judge_that_approves_nothing_is_greedy_matching():
     tree = DraftTree(torch.tensor([1, 2, 5, 3]), torch.tensor([-1, 0, 1, -1]))
     logits = logits_choosing([1, 2, 4, 6, 0])
-    result = judge_accept(tree, logits, torch.zeros(4), 0.5, GREEDY)
+    result = judge_accept(tree, logits, scores([0.0] * 4), 0.5, GREEDY)
     assert result == greedy_accept(tree, logits)
     assert result.path == [0, 1] and result.bonus == 4 and result.divergent == 0
 
@@ -39,10 +51,12 @@ def test_approved_tokens_are_accepted_and_counted_as_divergent():
     # chain 1 → 2 → 5; the target wants 1, 7, ...: node 1 (token 2) differs but the judge approves it
     chain = DraftTree(torch.tensor([1, 2, 5]), torch.tensor([-1, 0, 1]))
     logits = logits_choosing([1, 7, 5, 6])
-    result = judge_accept(chain, logits, torch.tensor([0.0, 0.9, 0.0]), 0.5, GREEDY)
+    score = scores([0.0, 0.9, 0.0])
+    result = judge_accept(chain, logits, score, 0.5, GREEDY)
     assert result.path == [0, 1, 2] and result.tokens == [1, 2, 5, 6] and result.divergent == 1
+    assert score.asked == [1]  # the judge is asked only where the target disagrees
     # below the threshold it is rejected and the target's token follows
-    result = judge_accept(chain, logits, torch.tensor([0.0, 0.4, 0.0]), 0.5, GREEDY)
+    result = judge_accept(chain, logits, scores([0.0, 0.4, 0.0]), 0.5, GREEDY)
     assert result.path == [0] and result.tokens == [1, 7] and result.divergent == 0
 
 
@@ -50,9 +64,9 @@ def test_in_a_tree_the_targets_choice_comes_first_then_the_best_approved_sibling
     # root children: tokens 3 (score 0.6), 4 (score 0.9), 2 (the target's argmax, score 0)
     tree = DraftTree(torch.tensor([3, 4, 2]), torch.tensor([-1, -1, -1]))
     logits = logits_choosing([2, 0, 0, 0])
-    assert judge_accept(tree, logits, torch.tensor([0.6, 0.9, 0.0]), 0.5, GREEDY).path == [2]
+    assert judge_accept(tree, logits, scores([0.6, 0.9, 0.0]), 0.5, GREEDY).path == [2]
     logits = logits_choosing([6, 0, 0, 0])
-    result = judge_accept(tree, logits, torch.tensor([0.6, 0.9, 0.0]), 0.5, GREEDY)
+    result = judge_accept(tree, logits, scores([0.6, 0.9, 0.0]), 0.5, GREEDY)
     assert result.path == [1] and result.divergent == 1
 
 

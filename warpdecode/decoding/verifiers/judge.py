@@ -3,7 +3,7 @@
 Walk the tree as greedy matching does, but where no child is the target's argmax, follow the child
 the trained judge (`models/judge_head.py`) approves with the highest score, if any. The judge reads
 the target's final hidden state at each drafted token from the verify forward itself, so judging
-costs one small matrix-vector product per node. The bonus token comes from the sampler at the row
+costs one small matrix-vector product per judged node (only where no child is the target's choice). The bonus token comes from the sampler at the row
 after the accepted path (argmax at temperature 0). `AcceptResult.divergent` counts the approved
 tokens that are not the target's choice: the output divergence the method trades for speed.
 
@@ -12,7 +12,7 @@ tokens that are not the target's choice: the output divergence the method trades
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import torch
@@ -30,16 +30,17 @@ from warpdecode.models.judge_head import JudgeHead, judge_signals
 KIND = "judge"
 
 
-def judge_accept(tree: DraftTree, target_logits: Tensor, scores: Tensor, threshold: float,
+def judge_accept(tree: DraftTree, target_logits: Tensor, score: Callable[[list[int]], list[float]], threshold: float,
                  sampler: Sampler) -> AcceptResult:
     """Args:
     tree: N-node proposal.
     target_logits: (N+1, V); row 0 follows the pending token, row i+1 follows node i.
-    scores: (N,) the judge's probability that each node's token is acceptable.
+    score: the judge's probabilities that the given nodes' tokens are acceptable (asked only where
+        no child is the target's choice).
     threshold: approve a node whose score exceeds this.
     """
     best = target_logits.argmax(dim=-1).tolist()  # (N+1,)
-    tokens, score = tree.tokens.tolist(), scores.tolist()
+    tokens = tree.tokens.tolist()
     children = tree.children()
     path: list[int] = []
     divergent = 0
@@ -48,11 +49,11 @@ def judge_accept(tree: DraftTree, target_logits: Tensor, scores: Tensor, thresho
         kids = children.get(node, [])
         child = next((c for c in kids if tokens[c] == best[node + 1]), None)
         if child is None:
-            approved = [c for c in kids if score[c] > threshold]
-            if not approved:
+            scored = [(p, c) for p, c in zip(score(kids), kids, strict=True) if p > threshold] if kids else []
+            if not scored:
                 bonus = int(sampler.select(target_logits[node + 1 : node + 2])[0])
                 return AcceptResult.from_path(tree, path, bonus, divergent=divergent)
-            child = max(approved, key=lambda c: score[c])
+            child = max(scored)[1]
             divergent += 1
         path.append(child)
         node = child
@@ -86,21 +87,26 @@ class Judge(Verifier):
             raise ConfigError(f"judge threshold must be in [0, 1], got {threshold}")
         self.path, self.threshold = path, threshold
         self.head: JudgeHead | None = None
+        self.checked: Backbone | None = None
         self.needs_hidden_states: tuple[int, ...] = ()
 
     def prepare(self, target: Backbone) -> None:
-        if self.head is None:
-            self.head = load_judge(self.path, target)
-        self.needs_hidden_states = (target.config.n_layer,)
+        if self.checked is not target:
+            self.head, self.checked = load_judge(self.path, target), target
+            self.needs_hidden_states = (target.config.n_layer,)
 
     def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
                hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         if self.head is None or not self.needs_hidden_states:
             raise RuntimeError("call prepare(target) before accept")
-        if tree.size == 0:
-            return judge_accept(tree, target_logits, target_logits.new_zeros(0), self.threshold, sampler)
-        rows = (tree.parents + 1).to(target_logits.device)  # (N,) the row that predicted each node
-        features = hidden_states[self.needs_hidden_states[0]][1 : tree.size + 1]  # (N, C) at each node
-        with torch.inference_mode():
-            scores = self.head(features, judge_signals(target_logits[rows], tree.tokens)).sigmoid()
-        return judge_accept(tree, target_logits, scores, self.threshold, sampler)
+        features = hidden_states[self.needs_hidden_states[0]]  # (N+1, C): row i+1 at node i
+        head = self.head
+
+        def score(nodes: list[int]) -> list[float]:
+            index = torch.tensor(nodes)
+            rows = (tree.parents[index] + 1).to(target_logits.device)  # the rows that predicted them
+            signals = judge_signals(target_logits[rows], tree.tokens[index])
+            with torch.inference_mode():
+                return head(features[index + 1], signals).sigmoid().tolist()
+
+        return judge_accept(tree, target_logits, score, self.threshold, sampler)
