@@ -282,3 +282,17 @@ def save_diffusion_drafter(directory, vocab_size: int, tokenizer=None, *, max_se
     model.config.causal = False
     save_pretrained(model, tokenizer, directory)
     return directory
+
+
+SHORT_PROMPTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
+                 "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story"]
+
+
+def prompt_file(directory) -> str:
+    """A prompts .jsonl of the 8 `SHORT_PROMPTS` in `directory` (the training tests' prompt source)."""
+    import json
+    from pathlib import Path
+
+    path = Path(directory) / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in SHORT_PROMPTS))
+    return str(path)

@@ -27,6 +27,13 @@ from warpdecode.models.cache import KVCache
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
+def packaged_net(tiny_package, kind: str):
+    """(the drafter's folder in the package, the target, its PyTorch network)."""
+    directory = Path(tiny_package) / "drafters" / kind
+    target = greedy_target()
+    return directory, target, registry.build("drafter", kind, path=str(directory)).load_net(target)
+
+
 def test_graphs_are_in_the_package(tiny_package):
     files = InferencePackage.load(tiny_package).manifest["files"]
     assert "drafters/medusa/" + MEDUSA_GRAPH in files
@@ -37,9 +44,7 @@ def test_graphs_are_in_the_package(tiny_package):
 
 
 def test_clover_graphs_equal_the_pytorch_network_with_a_cache(tiny_package):
-    directory = Path(tiny_package) / "drafters" / "clover"
-    target = greedy_target()
-    net = registry.build("drafter", "clover", path=str(directory)).load_net(target)
+    directory, target, net = packaged_net(tiny_package, "clover")
     graphs = OnnxClover.find(directory, net, threads=1)
     assert graphs is not None
     caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]
@@ -65,9 +70,7 @@ def test_clover_graphs_equal_the_pytorch_network_with_a_cache(tiny_package):
 
 
 def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
-    directory = Path(tiny_package) / "drafters" / "distilled"
-    target = greedy_target()
-    net = registry.build("drafter", "distilled", path=str(directory)).load_net(target)
+    directory, target, net = packaged_net(tiny_package, "distilled")
     graph = OnnxDistilled.find(directory, net, threads=1)
     assert graph is not None
     caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]
@@ -83,9 +86,7 @@ def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
 
 
 def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package):
-    directory = Path(tiny_package) / "drafters" / "eagle"
-    target = greedy_target()
-    net = registry.build("drafter", "eagle", path=str(directory)).load_net(target)
+    directory, target, net = packaged_net(tiny_package, "eagle")
     graphs = OnnxEagle.find(directory, threads=1)
     assert graphs is not None
     caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]

@@ -3,12 +3,12 @@ package → the int8_self drafter stops its chains with it, greedy-identical."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from tiny_models import prompt_file
 
 from warpdecode.datamodules.acceptance import AcceptanceDataModule, label_examples
 from warpdecode.datamodules.self_distill import Example
@@ -19,14 +19,11 @@ from warpdecode.models.quantized import quantized_copy
 from warpdecode.modules.acceptance import AcceptanceHeadModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
-         "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story"]
 
 
 def data(tiny_model_dir: Path, tmp_path: Path) -> AcceptanceDataModule:
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
-    return AcceptanceDataModule(str(tiny_model_dir), bits=8, prompts=[str(prompts)], max_prompts=8,
+    prompts = prompt_file(tmp_path)
+    return AcceptanceDataModule(str(tiny_model_dir), bits=8, prompts=[prompts], max_prompts=8,
                                 max_new_tokens=16, val_fraction=0.4, max_train_answers=8, max_val_answers=8, batch_size=16,
                                 cache_dir=str(tmp_path / "cache"))
 

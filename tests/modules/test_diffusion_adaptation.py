@@ -3,12 +3,11 @@ with an added mask token → DiffuSpec drafts for the target, greedy-identical, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from lightning.pytorch import Trainer, seed_everything
-from tiny_models import save_tiny_model
+from tiny_models import SHORT_PROMPTS, prompt_file, save_tiny_model
 
 from warpdecode.datamodules.self_distill import Example
 from warpdecode.datamodules.self_distill_answers import AnswerRegions, SelfDistillAnswersDataModule
@@ -18,8 +17,6 @@ from warpdecode.models.tokenizer import MASK
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
-         "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story"]
 
 
 def test_answer_regions_pad_with_end_of_text_inside_the_answer() -> None:
@@ -52,9 +49,8 @@ def target(tmp_path_factory) -> Path:
 
 
 def test_adapting_an_autoregressive_model_gives_a_drafter_it_accepts(target: Path, tmp_path: Path) -> None:
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
-    data = SelfDistillAnswersDataModule(str(target), prompts=[str(prompts)], max_prompts=8, max_new_tokens=12,
+    prompts = prompt_file(tmp_path)
+    data = SelfDistillAnswersDataModule(str(target), prompts=[prompts], max_prompts=8, max_new_tokens=12,
                                         features=False, batch_size=4, val_fraction=0.25, cache_dir=str(tmp_path / "c"),
                                         draft_region=4)
     module = MaskedDiffusionLM(pretrained=str(target), lr=3e-3, warmup_steps=5, export_dir=str(tmp_path / "dlm"),
@@ -71,7 +67,7 @@ def test_adapting_an_autoregressive_model_gives_a_drafter_it_accepts(target: Pat
     assert dlm.embed.weight.shape[0] == ar_model.config.vocab_size + 1
     method = build_method("diffuspec", options={"model": str(tmp_path / "dlm"), "num_tokens": 4, "steps": 2})
     taus = []
-    for prompt in TEXTS:
+    for prompt in SHORT_PROMPTS:
         plain = generate(ar_model, ar_tokenizer, prompt, max_new_tokens=12, stop_at_eos=False, chat=False)
         out = generate(ar_model, ar_tokenizer, prompt, max_new_tokens=12, stop_at_eos=False, chat=False, method=method)
         assert out.token_ids == plain.token_ids

@@ -3,12 +3,11 @@ judge fit → package → the `judge` verifier decodes with it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from lightning.pytorch import Trainer
-from tiny_models import naive_greedy
+from tiny_models import naive_greedy, prompt_file
 
 from warpdecode.datamodules.judge import JudgeDataModule
 from warpdecode.decoding.generate import build_method, generate
@@ -17,14 +16,11 @@ from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.judge import JudgeModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
-         "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story"]
 
 
 def data(tiny_model_dir: Path, tmp_path: Path) -> JudgeDataModule:
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
-    return JudgeDataModule(str(tiny_model_dir), prompts=[str(prompts)], max_prompts=8, max_new_tokens=32,
+    prompts = prompt_file(tmp_path)
+    return JudgeDataModule(str(tiny_model_dir), prompts=[prompts], max_prompts=8, max_new_tokens=32,
                            val_fraction=0.4, max_train_answers=8, max_val_answers=8, substitutes_per_answer=6,
                            window=6, slack=3, min_match=2, batch_size=16, cache_dir=str(tmp_path / "cache"))
 

@@ -3,13 +3,12 @@ the `first` drafter skips what the routers decide, greedy-identical."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from tiny_models import save_tiny_model
+from tiny_models import prompt_file, save_tiny_model
 
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.decoding.generate import build_method, generate
@@ -19,8 +18,6 @@ from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.layer_router import LayerRouterModule, answer_kl, crop_answers, hard_gates
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-TEXTS = ["print('hello world')", "Write a story about a cat.", "for i in range(10):", "hello cat",
-         "Write a story about a dog.", "print(i)", "for cat in range(3): print(cat)", "a story"]
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +26,8 @@ def four_blocks(tmp_path_factory) -> Path:
 
 
 def data(model_dir: Path, tmp_path: Path) -> SelfDistillDataModule:
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
-    return SelfDistillDataModule(str(model_dir), prompts=[str(prompts)], max_prompts=8, max_new_tokens=12,
+    prompts = prompt_file(tmp_path)
+    return SelfDistillDataModule(str(model_dir), prompts=[prompts], max_prompts=8, max_new_tokens=12,
                                  features=False, batch_size=4, val_fraction=0.4, cache_dir=str(tmp_path / "cache"))
 
 

@@ -29,7 +29,6 @@ from warpdecode.export.drafter_graphs import OnnxClover
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
-from warpdecode.models.transformer import Transformer
 
 
 @register("drafter", "clover")
@@ -58,12 +57,8 @@ class CloverDraft(PackagedDrafter[CloverNet]):
         self.graphs: OnnxClover | None = None
         """The network's ONNX graphs, used when the target is not a PyTorch model and they exist."""
 
-    def prepare(self, target: Backbone) -> None:
-        checked = self.checked
-        super().prepare(target)
-        if self.checked is not checked:
-            assert self.net is not None
-            self.graphs = None if isinstance(target, Transformer) else OnnxClover.find(Path(self.path), self.net)
+    def attach_graphs(self, net: CloverNet, onnx: bool) -> None:
+        self.graphs = OnnxClover.find(Path(self.path), net) if onnx else None
 
     def build(self, target: Backbone, config: dict[str, Any]) -> CloverNet:
         return CloverNet(target.config, config["draft_vocab_size"], config["d_ff"])

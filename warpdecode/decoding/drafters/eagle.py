@@ -29,7 +29,6 @@ from warpdecode.export.drafter_graphs import OnnxEagle
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.eagle import EagleNet
-from warpdecode.models.transformer import Transformer
 
 
 def ancestor_mask(parents: list[int]) -> Tensor:
@@ -72,11 +71,8 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         self.graphs: OnnxEagle | None = None
         """The network's ONNX graphs, used when the target is not a PyTorch model and they exist."""
 
-    def prepare(self, target: Backbone) -> None:
-        checked = self.checked
-        super().prepare(target)
-        if self.checked is not checked:
-            self.graphs = None if isinstance(target, Transformer) else OnnxEagle.find(Path(self.path))
+    def attach_graphs(self, net: EagleNet, onnx: bool) -> None:
+        self.graphs = OnnxEagle.find(Path(self.path)) if onnx else None
 
     @property
     def network(self) -> EagleNet | OnnxEagle:

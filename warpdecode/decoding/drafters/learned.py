@@ -32,6 +32,7 @@ from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.transformer import Transformer
 
 NetT = TypeVar("NetT", bound=DraftVocabNet)
 
@@ -191,6 +192,12 @@ class PackagedDrafter(Generic[NetT]):
             self.net, self.checked = net, target
             self.needs_hidden_states = (target.config.n_layer,)
             self.shape = self.tree_shape(net)
+            self.attach_graphs(net, onnx=not isinstance(target, Transformer))
+
+    def attach_graphs(self, net: NetT, onnx: bool) -> None:
+        """Called for each new target: a drafter exported with ONNX graphs picks them up from its
+        package for an ONNX Runtime target (`onnx`), so drafting and verifying share one runtime,
+        and keeps its PyTorch network otherwise."""
 
     def tree_shape(self, net: NetT) -> list[RankPath]:
         """The rank paths of `tree` (static or chain); ConfigError if `net` cannot fill them."""

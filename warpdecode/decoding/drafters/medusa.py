@@ -29,7 +29,6 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.export.drafter_graphs import OnnxHeads
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
-from warpdecode.models.transformer import Transformer
 
 HeadsT = TypeVar("HeadsT", bound=FutureHeads)
 
@@ -55,12 +54,8 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         self.graphs: OnnxHeads | None = None
         """The heads' ONNX graphs, used when the target is not a PyTorch model and they exist."""
 
-    def prepare(self, target: Backbone) -> None:
-        checked = self.checked
-        super().prepare(target)
-        if self.checked is not checked:
-            assert self.net is not None
-            self.graphs = None if isinstance(target, Transformer) else OnnxHeads.find(Path(self.path), self.net)
+    def attach_graphs(self, net: HeadsT, onnx: bool) -> None:
+        self.graphs = OnnxHeads.find(Path(self.path), net) if onnx else None
 
     def build(self, target: Backbone, config: dict[str, Any]) -> HeadsT:
         net = self.net_class(target.config.d_model, config["draft_vocab_size"], config["num_heads"],
