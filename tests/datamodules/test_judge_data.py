@@ -62,3 +62,27 @@ def test_bad_settings_are_refused():
         JudgeDataModule(window=4, min_match=8)
     with pytest.raises(ConfigError, match="substitutes_per_answer"):
         JudgeDataModule(substitutes_per_answer=0)
+
+
+@pytest.mark.slow
+def test_batched_rollouts_equal_naive_ones_on_the_real_model(smollm2):
+    """The real target (GQA, RoPE, packed weights): each substitute's hidden state and rollout from the
+    batched, per-row-length cache equal a recomputation of the whole sequence."""
+    from warpdecode.decoding.generate import encode_prompt, generate
+
+    model, tokenizer = smollm2.model, smollm2.tokenizer
+    prompt = encode_prompt(tokenizer, "Name three primary colors.", chat=True)
+    answer = generate(model, tokenizer, prompt, max_new_tokens=24, stop_at_eos=False).token_ids
+    tokens = prompt + answer
+    example = Example(torch.tensor(tokens).numpy().astype("int32"), len(prompt), None)
+    window, slack, min_match = 4, 2, 2
+    out = judge_samples(model, [example], substitutes_per_answer=3, window=window, slack=slack, min_match=min_match,
+                        stop_ids=set(model.config.eos_token_ids), seed=1, desc="test")
+    L = model.config.n_layer
+    with torch.inference_mode():
+        for i, (t, x) in enumerate(zip(out["positions"].tolist(), out["substitutes"].tolist(), strict=True)):
+            full = model(torch.tensor([tokens[:t] + [x]]), hidden_layers=(L,))
+            torch.testing.assert_close(out["features"][i].float(), full.hidden_states[L][0, -1], atol=2e-2, rtol=2e-2)
+            rollout = [x] + naive_greedy(model, tokens[:t] + [x], window)
+            assert bool(out["labels"][i]) == rejoins(rollout, tokens[t + 1 : t + 1 + window + slack], min_match,
+                                                     set(model.config.eos_token_ids))

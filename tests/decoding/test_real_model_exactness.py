@@ -70,20 +70,24 @@ def learned_drafters(smollm2, tmp_path_factory):
                                                            init_layers=(0, 14, 29), vocab=8192)}
     DISTILLED_INT4["path"] = REAL_OPTIONS["distilled"]["path"]
     REAL_OPTIONS["clover"] = {"path": clover_package(smollm2.model, root / "clover", std=0.02)}
+    HYDRA_LOOKUP["path"] = REAL_OPTIONS["hydra"]["path"]
     yield
     for kind in ("eagle", "medusa", "hydra", "first", "diffuspec", "distilled", "clover"):
         del REAL_OPTIONS[kind]
-    del DISTILLED_INT4["path"]
+    del DISTILLED_INT4["path"], HYDRA_LOOKUP["path"]
 
 
 ACCEPTANCE_HEAD: dict[str, object] = {"num_tokens": 10}
 """int4_self with an (untrained) SpecDec++ acceptance head; the package path is filled in by the fixture."""
 DISTILLED_INT4: dict[str, object] = {"bits": 4, "num_tokens": 3, "num_nodes": 6, "top_k": 2}
 """The distilled drafter's int4 copy growing DySpec trees; the package path is filled in by the fixture."""
+HYDRA_LOOKUP: dict[str, object] = {"lookup": 10}
+"""Hydra's tree fused with prompt lookup; the package path is filled in by the fixture."""
 CASES = [(n, None) for n in registry.names("drafter") if n != "none"] + [
     ("int4_self", {"num_nodes": 8, "top_k": 2}),  # a DySpec dynamic tree
     ("int4_self", ACCEPTANCE_HEAD),
     ("distilled", DISTILLED_INT4),
+    ("hydra", HYDRA_LOOKUP),
 ]
 
 
@@ -96,6 +100,22 @@ def test_lossless_drafters_are_token_identical_to_greedy(smollm2, greedy_referen
         out = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
                        method=method)
         assert out.token_ids == greedy_reference[prompt], f"{name} diverged on {prompt[:40]!r}"
+
+
+def test_a_judge_that_approves_everything_is_trust(smollm2, tmp_path):
+    """The judge reads the real target's hidden states at every drafted token; approving all of them
+    accepts what `trust` accepts, and every approval the target disagrees with is counted."""
+    from tiny_models import judge_package
+
+    judge = judge_package(smollm2.model, tmp_path / "judge", bias=10.0)
+    options = {"num_tokens": 4}
+    judged = generate(smollm2.model, smollm2.tokenizer, PROMPTS[1], max_new_tokens=NEW_TOKENS, stop_at_eos=False,
+                      method=build_method("int4_self", options=options, verifier="judge",
+                                          verifier_options={"path": judge, "threshold": 0.5}))
+    trusted = generate(smollm2.model, smollm2.tokenizer, PROMPTS[1], max_new_tokens=NEW_TOKENS, stop_at_eos=False,
+                       method=build_method("int4_self", options=options, verifier="trust"))
+    assert judged.token_ids == trusted.token_ids
+    assert judged.stats.divergent_tokens == trusted.stats.divergent_tokens
 
 
 def test_prompt_lookup_accepts_drafts_on_input_grounded_text(smollm2):
