@@ -26,7 +26,7 @@ def test_manifest_describes_the_package(tiny_package):
     assert manifest["backbone"]["hidden_layers"] == [1, 3]
     assert manifest["backbone"]["opset"] == 18
     assert manifest["drafters"] == {"eagle": "drafters/eagle", "medusa": "drafters/medusa", "hydra": "drafters/hydra",
-                                    "distilled": "drafters/distilled"}
+                                    "distilled": "drafters/distilled", "clover": "drafters/clover"}
     listed = set(manifest["files"])
     on_disk = {p.relative_to(tiny_package).as_posix() for p in tiny_package.rglob("*") if p.is_file()}
     assert listed == on_disk - {"manifest.json"}
@@ -39,7 +39,7 @@ def test_included_drafters_run_without_a_path(tiny_package):
     package = InferencePackage.load(tiny_package)
     backbone = package.backbone("onnxruntime", threads=1)
     options = package.drafter_options()
-    assert set(options) == {"eagle", "medusa", "hydra", "distilled"} and package.generation == {"method": "hydra"}
+    assert set(options) == {"eagle", "medusa", "hydra", "distilled", "clover"} and package.generation == {"method": "hydra"}
     plain = generate(backbone, None, [1, 2, 3], max_new_tokens=12, stop_at_eos=False)
     for kind in options:
         out = generate(backbone, None, [1, 2, 3], max_new_tokens=12, stop_at_eos=False,
