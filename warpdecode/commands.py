@@ -114,7 +114,8 @@ def generate(
     method = method or default_method
     built = build_method(method, do_sample=temperature > 0, verifier=verifier,
                          options=drafter_options.get(method, {}) | (method_options or {}),
-                         verifier_options=verifier_options, controller=controller,
+                         verifier_options=drafter_options.get(verifier or "", {}) | (verifier_options or {}),
+                         controller=controller,
                          controller_options=controller_options)
 
     def stream(text: str) -> None:

@@ -95,3 +95,17 @@ def test_bench_runs_every_method_on_every_backend(package):
     identical = {m.row: m.identical for m in result.measurements}
     assert identical["none@onnxruntime"] and identical["prompt_lookup@onnxruntime"]
     assert "--package" in config.command() and "--backends onnxruntime,onnxruntime-int4" in config.command()
+
+
+def test_a_packaged_judge_needs_no_path(tiny_model_dir, tmp_path, capsys):
+    from tiny_models import judge_package
+
+    from warpdecode.models.checkpoint import load_pretrained
+
+    model, _ = load_pretrained(tiny_model_dir)
+    judge = judge_package(model, tmp_path / "judge", bias=-10.0)  # approves nothing: greedy's output
+    main(["export", str(tmp_path / "pkg"), "--model", str(tiny_model_dir), "--drafters", judge])
+    capsys.readouterr()
+    reference = generate_json(capsys, "--model", str(tiny_model_dir))["token_ids"]
+    judged = generate_json(capsys, "--package", str(tmp_path / "pkg"), "--method", "int4_self", "--verifier", "judge")
+    assert judged["token_ids"] == reference
