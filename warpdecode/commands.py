@@ -114,7 +114,7 @@ def generate(
     method = method or default_method
     built = build_method(method, do_sample=temperature > 0, verifier=verifier,
                          options=drafter_options.get(method, {}) | (method_options or {}),
-                         verifier_options=drafter_options.get(verifier or "", {}) | (verifier_options or {}),
+                         verifier_options=(drafter_options.get(verifier, {}) if verifier else {}) | (verifier_options or {}),
                          controller=controller,
                          controller_options=controller_options)
 

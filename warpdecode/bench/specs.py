@@ -150,7 +150,8 @@ def parse_methods(value: str | Sequence[str | Mapping[str, Any]],
         raise ConfigError(f"method(s) listed twice: {', '.join(duplicates)}")
     defaults = defaults or {}
     specs = [dataclasses.replace(s, defaults=dict(defaults.get(s.name, {})),
-                                 verifier_defaults=dict(defaults.get(str(s.options.get("verifier")), {})))
+                                 verifier_defaults=dict(defaults.get(s.options["verifier"], {}))
+                                 if "verifier" in s.options else {})
              for s in specs]
     for spec in specs:
         spec.validate()

@@ -81,9 +81,8 @@ def judge_samples(target: Transformer, examples: list[Example], *, substitutes_p
             continue
         cache = KVCache.for_model(config, 1, T)
         logits = target(tokens[None, :-1], cache=cache, logits_slice=slice(P - 1, last - 1)).logits[0].float()
-        probs = logits.softmax(-1)  # (A, V), row a predicts tokens[P + a]
-        alternatives = probs.clone()
-        top = probs.argmax(-1)
+        alternatives = logits.softmax(-1)  # (A, V), row a predicts tokens[P + a]; then zeroed where barred
+        top = alternatives.argmax(-1)
         alternatives[torch.arange(len(top)), top] = 0
         alternatives[:, sorted(stop_ids)] = 0
         alternatives[top != tokens[P:last]] = 0  # rows where the stored answer is not the argmax (numerics)

@@ -15,6 +15,7 @@ under every lossless verifier, greedy or sampling.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,7 @@ def to_target_vocab(logits: Tensor, draft_vocab: Tensor, vocab_size: int) -> Ten
     return full
 
 
-class PackagedDrafter(Generic[NetT]):
+class PackagedDrafter(ABC, Generic[NetT]):
     """Base of the drafters that run a package of `kind`; subclasses build the network (`build`) and propose."""
 
     kind: ClassVar[str]
@@ -161,13 +162,13 @@ class PackagedDrafter(Generic[NetT]):
         self.checked: Backbone | None = None
         self.shape: list[RankPath] = []
 
+    @abstractmethod
     def build(self, target: Backbone, config: dict[str, Any]) -> NetT:
         """An untrained network of the package's `config` for `target`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def draft(self, state: DecodeState, budget: int) -> DraftTree:
         """The learned network's tree of at most `budget` nodes continuing `state.pending`."""
-        raise NotImplementedError
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         """The learned tree; with `lookup`, fused after the prompt-lookup chain when the context has a

@@ -16,6 +16,7 @@ verifier.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -78,9 +79,9 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         feature = state.hidden_states[self.needs_hidden_states[0]][-1:]  # (1, C): predicted the pending token
         return self.fill(ShapeLayout.of(self.shape[:budget]), feature, state.pending)
 
+    @abstractmethod
     def fill(self, layout: ShapeLayout, feature: Tensor, pending: int) -> DraftTree:
         """The tree of `layout` drafted from `feature` (1, C), which predicted the `pending` token."""
-        raise NotImplementedError
 
 
 @register("drafter", "medusa")
