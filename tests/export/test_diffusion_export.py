@@ -22,6 +22,8 @@ def test_a_diffusion_package_decodes_identically_on_onnxruntime(dlm_dir: Path, t
     export_package(model, tokenizer, tmp_path / "pkg", source=str(dlm_dir))
     package = InferencePackage.load(tmp_path / "pkg")
     ort = package.backbone("onnxruntime", threads=1)
+    assert package.manifest["backbone"]["fused_graph"] is None and not ort.fused
+    assert package.manifest["backbone"]["fused_graph_unsupported"] == "bidirectional attention"
     assert ort.config.causal is False and ort.config.mask_token_id == model.config.mask_token_id
     prompts = [tokenizer.encode("copy:abc="), tokenizer.encode("sort:3918=")]
     with torch.inference_mode():

@@ -17,10 +17,13 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
-@pytest.fixture(scope="module")
-def backbones(tiny_package):
+@pytest.fixture(scope="module", params=[True, False], ids=["fused", "portable"])
+def backbones(tiny_package, request):
+    """The fused graph (what the CPU runs) and the portable step graph, each beside the torch backend."""
     package = InferencePackage.load(tiny_package)
-    return package.backbone("onnxruntime", threads=1), package.backbone("torch")
+    ort = package.backbone("onnxruntime" if request.param else "onnxruntime-portable", threads=1)
+    assert ort.fused == request.param
+    return ort, package.backbone("torch")
 
 
 def test_torch_backend_of_a_package_is_the_exported_model(backbones):

@@ -5,6 +5,9 @@ graph in place (no copy), the graph returns the new tokens' keys and values, and
 the slots `KVCache.plan_write` chose, exactly where the PyTorch backend writes them. So commits,
 rollbacks and every drafter's cache bookkeeping are shared. Inputs and outputs are bound to torch
 memory through ONNX Runtime's I/O binding; only the graph's own work runs in ONNX Runtime.
+
+A fused graph (`export.fused_graph`, recognised by its `attention_bias` input) writes the new keys
+and values into the bound cache buffer itself; the runtime then only advances the cache.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import BackboneOutput, Transformer, default_new_mask, new_token_mask
 
-NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32,
+                torch.bool: np.bool_}
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
              "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
@@ -78,6 +82,7 @@ class OnnxRuntimeBackbone:
         self.embed = nn.Embedding.from_pretrained(embed, freeze=True)
         self.lm_head = lm_head
         self.names = [i.name for i in self.session.get_inputs()]
+        self.fused = "attention_bias" in self.names
         self._torch_loader = torch_loader
         self._torch_model: Transformer | None = None
 
@@ -129,7 +134,9 @@ class OnnxRuntimeBackbone:
         elif positions.shape != tokens.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
         index = torch.arange(T)[logits_slice] if logits_slice is not None else torch.arange(T)
-        if new_mask is not None or not self.config.causal or T <= PREFILL_CHUNK:
+        if self.fused:
+            logits, hidden = self._fused_step(tokens, positions, cache, new_mask, index)
+        elif new_mask is not None or not self.config.causal or T <= PREFILL_CHUNK:
             logits, hidden = self._step(tokens, positions, cache, new_mask, index)
         else:  # a long causal prompt: chunk by chunk, each attending to the cache and itself
             parts = []
@@ -153,6 +160,69 @@ class OnnxRuntimeBackbone:
                        self.config.causal, [index.contiguous()],
                        {"logits": logits} | {f"hidden_{j}": h for j, h in hidden.items()})
         return logits, hidden
+
+
+    def _fused_step(self, tokens: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
+                    index: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """`_step` on the fused graph. Its attention takes several new positions against a filled
+        cache for one row at a time, so such batches run row by row (each row a (1, T) forward)."""
+        B, T = tokens.shape
+        plan = cache.plan_write(T)
+        dtype = cache.k.dtype
+        logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
+        hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
+        mask = default_new_mask(T, causal=True) if new_mask is None else new_mask
+        one_call = B == 1 or T == 1 or int(plan.start.max()) == 0
+        for rows in [slice(0, B)] if one_call else [slice(b, b + 1) for b in range(B)]:
+            bias, seqlens, total = attention_bias(plan.start[rows], T, mask[rows] if mask.shape[0] > 1 else mask)
+            inputs = [tokens[rows].to(torch.int64).contiguous(), positions[rows].to(torch.int64).contiguous(), bias,
+                      seqlens, total, index.contiguous()]
+            caches = [buffer[i, rows] for i in range(cache.k.shape[0]) for buffer in (cache.k, cache.v)]
+            binding = self.session.io_binding()
+            _bind_inputs(binding, dict(zip(self.names, inputs + caches, strict=True)))
+            presents = [f"present_{kind}_{i}" for i in range(cache.k.shape[0]) for kind in ("key", "value")]
+            outputs = dict(zip(presents, caches, strict=True)) | {"logits": logits[rows]}
+            _bind_outputs(binding, outputs | {f"hidden_{j}": h[rows] for j, h in hidden.items()})
+            self.session.run_with_iobinding(binding)
+        cache.advance(plan)
+        return logits, hidden
+
+
+def attention_bias(start: Tensor, T: int, new_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused graph's attention inputs for rows whose T new tokens go to slots start[b] ..
+    start[b] + T - 1 of the cache.
+
+    Args:
+        start: (B,) int64 committed slots per row. new_mask: (B or 1, T, T) bool among the new tokens.
+    Returns:
+        attention_bias (B, 1, T, P) float32 over absolute slots, P = max(start) + T (0 where the token
+        may attend: the row's committed slots and the new tokens `new_mask` allows; -inf elsewhere),
+        seqlens_k (B,) int32 (each row's last written slot) and total_sequence_length () int32 (P).
+    """
+    B = start.shape[0]
+    total = int(start.max()) + T
+    offset = torch.arange(total)[None, :] - start[:, None]  # (B, P): slot minus the row's first new slot
+    is_new = (offset >= 0) & (offset < T)
+    among_new = new_mask.expand(B, T, T).gather(2, offset.clamp(0, T - 1)[:, None, :].expand(B, T, total))
+    allowed = (offset < 0)[:, None, :] | (among_new & is_new[:, None, :])  # (B, T, P)
+    bias = torch.zeros(B, 1, T, total).masked_fill_(~allowed[:, None], float("-inf"))
+    return bias, (start + T - 1).to(torch.int32), torch.tensor(total, dtype=torch.int32)
+
+
+def _bind_inputs(binding: object, inputs: dict[str, Tensor]) -> None:
+    for name, tensor in inputs.items():
+        if tensor.numel():
+            _bind(binding, "bind_input", name, tensor)
+        else:  # an empty tensor has no address to bind
+            binding.bind_cpu_input(name, np.empty(tuple(tensor.shape), NUMPY_DTYPES[tensor.dtype]))  # type: ignore[attr-defined]
+
+
+def _bind_outputs(binding: object, outputs: dict[str, Tensor]) -> None:
+    for name, tensor in outputs.items():
+        if tensor.numel():
+            _bind(binding, "bind_output", name, tensor)
+        else:  # an empty buffer has no address to bind: let ONNX Runtime allocate the empty output
+            binding.bind_output(name, "cpu")  # type: ignore[attr-defined]
 
 
 def run_step_graph(session: object, names: list[str], leading: list[Tensor], positions: Tensor, cache: KVCache,
@@ -187,16 +257,8 @@ def run_step_graph(session: object, names: list[str], leading: list[Tensor], pos
     inputs = [*leading, positions.to(torch.int64).contiguous(), mask, *extra]
     inputs += [buffer[i] for i in range(L) for buffer in (past_k, past_v)]
     binding = session.io_binding()  # type: ignore[attr-defined]
-    for name, tensor in zip(names, inputs, strict=True):
-        if tensor.numel():
-            _bind(binding, "bind_input", name, tensor)
-        else:
-            binding.bind_cpu_input(name, np.empty(tuple(tensor.shape), NUMPY_DTYPES[tensor.dtype]))
-    for name, tensor in ({"new_keys": new_k, "new_values": new_v} | outputs).items():
-        if tensor.numel():
-            _bind(binding, "bind_output", name, tensor)
-        else:  # an empty buffer has no address to bind: let ONNX Runtime allocate the empty output
-            binding.bind_output(name, "cpu")
+    _bind_inputs(binding, dict(zip(names, inputs, strict=True)))
+    _bind_outputs(binding, {"new_keys": new_k, "new_values": new_v} | outputs)
     session.run_with_iobinding(binding)  # type: ignore[attr-defined]
     cache.write_all(new_k, new_v, plan)
     cache.advance(plan)

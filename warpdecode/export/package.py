@@ -5,6 +5,9 @@
                                and the sha256 and size of every other file
       backbone.onnx            the step graph (`export.step_graph`), opset 18
       backbone.onnx.data       its weights (read by ONNX Runtime, and by name by the torch backend)
+      backbone.fused.onnx      the same model with ONNX Runtime's fused decoder operators
+                               (`export.fused_graph`; Llama-family models), reading the same weights:
+                               what the onnxruntime backend runs on the CPU
       tokenizer.json, tokenizer_config.json
       drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
                                their data-built draft tree), checked against the target at export;
@@ -36,6 +39,7 @@ from warpdecode.decoding import registry
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
 from warpdecode.export.accuracy import compare_models
 from warpdecode.export.drafter_graphs import export_drafter_graphs
+from warpdecode.export.fused_graph import FUSED_GRAPH, fused_graph_supported, write_fused_graph
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
@@ -59,7 +63,10 @@ CONTROL_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
 LOSSY_BACKENDS = tuple(f"onnxruntime-{kind}" for kind in QUANTIZATIONS)
 """Backends that run a quantised copy (`onnx_graph.QUANTIZATIONS`): their greedy output may differ
 from the exported model's."""
-BACKENDS = ("torch", "onnxruntime", *LOSSY_BACKENDS)
+PORTABLE_BACKEND = "onnxruntime-portable"
+"""ONNX Runtime on the portable step graph even where the package has the fused one (what other
+runtimes and execution providers run; lossless like the fused graph)."""
+BACKENDS = ("torch", "onnxruntime", PORTABLE_BACKEND, *LOSSY_BACKENDS)
 HASH_CHUNK = 1 << 22
 
 
@@ -122,6 +129,9 @@ def export_package(
     start = time.perf_counter()
     with atomic_directory(out) as tmp:
         graph, aliases = export_step_graph(model, tmp / GRAPH, layers)
+        unfused = fused_graph_supported(model.config, model.embed.weight.dtype)
+        if unfused is None:
+            write_fused_graph(tmp / GRAPH, tmp / FUSED_GRAPH, model.config, graph.hidden_layers, aliases, WEIGHT_PREFIX)
         if tokenizer is not None:
             tokenizer.save(tmp)
         for kind, package in included.items():
@@ -152,7 +162,9 @@ def export_package(
             "target": {"source": source, "fingerprint": fingerprint, "config": model.config.to_dict()},
             "backbone": {"graph": GRAPH, "opset": OPSET, "dtype": str(model.embed.weight.dtype).removeprefix("torch."),
                          "hidden_layers": list(graph.hidden_layers), "inputs": graph.input_names(),
-                         "outputs": graph.output_names(), "weight_aliases": aliases, "variants": variants},
+                         "outputs": graph.output_names(), "weight_aliases": aliases, "variants": variants,
+                         "fused_graph": FUSED_GRAPH if unfused is None else None,
+                         **({"fused_graph_unsupported": unfused} if unfused is not None else {})},
             "drafters": {kind: f"drafters/{kind}" for kind in included},
             "generation": generation or {},
             "export_seconds": round(time.perf_counter() - start, 1),
@@ -239,7 +251,10 @@ class InferencePackage:
 
     def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
         """The exported model on `backend`: onnxruntime runs the graph (onnxruntime-int8 / -int4 a
-        quantised copy, lossy); torch rebuilds the `Transformer` from the graph's weights (the reference)."""
+        quantised copy, lossy); torch rebuilds the `Transformer` from the graph's weights (the reference).
+
+        On the CPU, onnxruntime runs the fused graph where the package has one; onnxruntime-portable
+        the step graph every ONNX runtime and execution provider can run."""
         if backend == "torch":
             if device != "cpu":
                 raise CapabilityError("the torch backend of a package runs on the CPU here; move the model yourself for GPUs")
@@ -249,6 +264,9 @@ class InferencePackage:
                                   + (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime "
                                      "has its TensorRT provider)" if backend == "tensorrt" else ""))
         graph = self.directory / GRAPH
+        fused_graph = self.manifest["backbone"].get("fused_graph")
+        if backend == "onnxruntime" and device == "cpu" and fused_graph:
+            graph = self.directory / fused_graph  # ONNX Runtime's CPU decoder operators (`export.fused_graph`)
         if backend in LOSSY_BACKENDS:
             kind = backend.removeprefix("onnxruntime-")
             variant = self.manifest["backbone"].get("variants", {}).get(kind)
