@@ -172,6 +172,7 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
     Runtime's basic optimisation): only MatMuls that read an initializer directly are quantised."""
     import tempfile
 
+    import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -187,8 +188,10 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         if kind == "int8":
+            # DefaultTensorType: shape inference gives no types for the fused graph's contrib operators' outputs
             quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
-                             weight_type=QuantType.QInt8, use_external_data_format=True)
+                             weight_type=QuantType.QInt8, use_external_data_format=True,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         else:
             _quantize_int4(folded, out)
 

@@ -146,12 +146,13 @@ def export_package(
             return OnnxRuntimeBackbone(tmp / graph_file, model.config, fingerprint, graph.hidden_layers,
                                        model.embed.weight.detach(), head)
 
-        full = session(GRAPH) if quantize else None
+        source = FUSED_GRAPH if unfused is None else GRAPH  # quantised copies of the faster graph
+        full = session(source) if quantize else None
         for kind in dict.fromkeys(quantize):
             name = f"backbone.{kind}.onnx"
-            quantize_graph(tmp / GRAPH, tmp / name, kind)
+            quantize_graph(tmp / source, tmp / name, kind)
             assert full is not None
-            variants[kind] = {"graph": name, "backend": f"onnxruntime-{kind}",
+            variants[kind] = {"graph": name, "backend": f"onnxruntime-{kind}", "fused": unfused is None,
                               "accuracy": compare_models(full, session(name), tokenizer)}
         manifest = {
             "format": FORMAT,
@@ -272,6 +273,9 @@ class InferencePackage:
             variant = self.manifest["backbone"].get("variants", {}).get(kind)
             if variant is None:
                 raise CapabilityError(f"{self.directory} has no {kind} graph; export it with --quantize {kind}")
+            if variant.get("fused") and device != "cpu":
+                raise CapabilityError(f"the {kind} graph of {self.directory} uses ONNX Runtime's CPU decoder operators; "
+                                      f"run it with --device cpu")
             graph = self.directory / variant["graph"]
         config = self.config
         names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
