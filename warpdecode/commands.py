@@ -63,8 +63,9 @@ def generate(
         model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run with --method NAME and no path.
-        backend: torch, onnxruntime, or onnxruntime-int8 / -int4 (lossy; exported with --quantize); all
-            but torch need --package.
+        backend: torch, onnxruntime (the fused graph on the CPU where the package has one),
+            onnxruntime-portable (the standard-ONNX step graph), or onnxruntime-int8 / -int4 (lossy;
+            exported with --quantize); all but torch need --package.
         device: cpu; with onnxruntime also cuda or tensorrt where ONNX Runtime has those providers.
         prompt: the prompt text.
         max_new_tokens: largest number of tokens to generate.
@@ -274,7 +275,7 @@ def regress(
         prompts: with --record: a JSONL file of prompts (the `prompt` or `text` field of each line), or
             a prompt set of `warpdecode bench` (default: 4 Spec-Bench prompts).
         methods: with --record: comma-separated methods (the package's drafters need no path).
-        backend: with --record: onnxruntime or torch.
+        backend: with --record: onnxruntime, onnxruntime-portable or torch.
         max_new_tokens: with --record: tokens generated per prompt.
         tau_tolerance: with --check: allowed relative drop of tau below the recorded value.
     """
@@ -382,8 +383,9 @@ def bench(
         model: model directory, .gguf file, or model name.
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run as NAME without path=.
-        backends: comma-separated backends every method runs on: torch, onnxruntime, onnxruntime-int8,
-            onnxruntime-int4 (lossy; exported with --quantize); all but torch need --package.
+        backends: comma-separated backends every method runs on: torch, onnxruntime,
+            onnxruntime-portable, onnxruntime-int8, onnxruntime-int4 (lossy; exported with --quantize);
+            all but torch need --package.
             Rows on another backend are labelled METHOD@BACKEND; plain greedy on torch is the baseline.
         methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
             options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10 (default none,prompt_lookup). Values
