@@ -7,7 +7,7 @@ from tiny_models import greedy_target, heads_package, naive_greedy
 
 from warpdecode.decoding.drafters import learned
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.decoding.latency import choose_nodes, verify_seconds
+from warpdecode.decoding.latency import choose_nodes, non_decreasing, verify_seconds
 from warpdecode.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -22,9 +22,17 @@ def test_choose_nodes_maximises_expected_tokens_per_second():
         choose_nodes([1.5, 1.8], [1.0, 1.0])
 
 
+def test_non_decreasing_pools_the_dips():
+    assert non_decreasing([1.0, 1.3, 1.1, 1.4]) == pytest.approx([1.0, 1.2, 1.2, 1.4])
+    assert non_decreasing([3.0, 2.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0])
+    assert non_decreasing([1.0, 2.0, 2.0, 5.0]) == [1.0, 2.0, 2.0, 5.0]  # already monotone: unchanged
+    assert non_decreasing([]) == []
+
+
 def test_verify_seconds_measures_every_row_count():
     seconds = verify_seconds(greedy_target(), 5, context=32, repeats=2)
     assert len(seconds) == 5 and all(s > 0 for s in seconds)
+    assert seconds == sorted(seconds)
     with pytest.raises(ValueError, match="max_rows"):
         verify_seconds(greedy_target(), 0)
 
