@@ -248,7 +248,10 @@ def export(
     size = sum(f["bytes"] for f in manifest["files"].values())
     print(f"wrote {path} ({size / 2**20:.0f} MiB, {len(manifest['files'])} files, opset {manifest['backbone']['opset']}, "
           f"drafters: {', '.join(manifest['drafters']) or 'none'}) in {time.perf_counter() - start:.0f} s")
-    for name, variant in manifest["backbone"]["variants"].items():
+    backbone = manifest["backbone"]
+    print(f"fused graph: {backbone['fused_graph']} (the onnxruntime backend on CPU)" if backbone.get("fused_graph")
+          else f"no fused graph ({backbone.get('fused_graph_unsupported', 'not exported')}): onnxruntime runs the step graph")
+    for name, variant in backbone["variants"].items():
         print(f"{name} graph ({variant['backend']}): {json.dumps(variant['accuracy'])}")
 
 

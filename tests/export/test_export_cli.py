@@ -37,7 +37,7 @@ def generate_json(capsys, *args):
 
 def test_package_generates_what_the_model_generates(package, tiny_model_dir, capsys):
     reference = generate_json(capsys, "--model", str(tiny_model_dir))["token_ids"]
-    for backend in ("onnxruntime", "torch"):
+    for backend in ("onnxruntime", "onnxruntime-portable", "torch"):
         assert generate_json(capsys, "--package", str(package), "--backend", backend)["token_ids"] == reference
     lookup = generate_json(capsys, "--package", str(package), "--backend", "onnxruntime", "--method", "prompt_lookup")
     assert lookup["token_ids"] == reference
