@@ -69,3 +69,20 @@ def test_the_fused_graph_reads_the_portable_graphs_weights(tiny_package) -> None
     assert external and {e.value for i in external for e in i.external_data if e.key == "location"} == {GRAPH + ".data"}
     ops = {n.op_type for n in fused.graph.node}
     assert {"GroupQueryAttention", "RotaryEmbedding", "SkipSimplifiedLayerNormalization"} <= ops
+
+
+def test_an_onnxruntime_without_the_fused_operators_falls_back_to_the_step_graph(tiny_package, monkeypatch) -> None:
+    import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph
+
+    real = ort.InferenceSession
+
+    def older_runtime(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(path).endswith(FUSED_GRAPH):
+            raise InvalidGraph("This is an invalid model. No Op registered for GroupQueryAttention")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", older_runtime)
+    with pytest.warns(RuntimeWarning, match="could not load backbone.fused.onnx .*No Op registered"):
+        backbone = InferencePackage.load(tiny_package).backbone("onnxruntime", threads=1)
+    assert not backbone.fused

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,13 @@ PORTABLE_BACKEND = "onnxruntime-portable"
 runtimes and execution providers run; lossless like the fused graph)."""
 BACKENDS = ("torch", "onnxruntime", PORTABLE_BACKEND, *LOSSY_BACKENDS)
 HASH_CHUNK = 1 << 22
+
+
+def onnxruntime_load_errors() -> tuple[type[Exception], ...]:
+    """What ONNX Runtime raises for a graph it cannot load (an unknown operator or input)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return state.Fail, state.InvalidGraph, state.NotImplemented, state.InvalidArgument
 
 
 def sha256_of(path: Path) -> str:
@@ -280,9 +288,20 @@ class InferencePackage:
         config = self.config
         names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
         weights = read_weights(self.directory / GRAPH, names, self.weight_aliases)
-        return OnnxRuntimeBackbone(graph, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
-                                   weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
-                                   torch_loader=self._torch_model, device=device, threads=threads)
+
+        def session(path: Path) -> OnnxRuntimeBackbone:
+            return OnnxRuntimeBackbone(path, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
+                                       weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
+                                       torch_loader=self._torch_model, device=device, threads=threads)
+
+        if graph.name != fused_graph:
+            return session(graph)
+        try:
+            return session(graph)
+        except onnxruntime_load_errors() as e:  # an ONNX Runtime without these operators (older than tested)
+            warnings.warn(f"ONNX Runtime could not load {graph.name} ({str(e).splitlines()[0][:200]}); "
+                          f"running the portable {GRAPH} instead", RuntimeWarning, stacklevel=2)
+            return session(self.directory / GRAPH)
 
     def _torch_model(self) -> Transformer:
         if self._torch is None:
