@@ -172,3 +172,22 @@ def test_no_peer_for_components_transformers_lacks(tmp_path, drafter, options, m
 
     with pytest.raises(CapabilityError, match=message):
         getattr(peers, drafter)(options, tmp_path)
+
+
+def test_the_tree_size_auto_chose_is_reported_beside_its_row(tiny_model_dir, tmp_path, monkeypatch):
+    from tiny_models import heads_package
+
+    from warpdecode.bench.report import write
+    from warpdecode.decoding.drafters import learned
+
+    model, _ = load_pretrained(tiny_model_dir)
+    path = heads_package(model, tmp_path / "hydra", "hydra", training={"val_tau_by_nodes": [1.4, 1.7, 1.9, 2.0]})
+    monkeypatch.setattr(learned, "verify_seconds", lambda target, rows: [1.0] * 3 + [2.0] * (rows - 3))
+    config = BenchConfig(model=str(tiny_model_dir), max_new_tokens=4, peers="none", warmup_tokens=0)
+    prompts = [BenchPrompt("a", "x", "for i in range(10): for i in", False)]
+    result = run_bench(config, methods=f"hydra:path={path}:num_nodes=auto", prompts=prompts, progress=False)
+    none, hydra = result.rows
+    assert none.resolved == {} and hydra.resolved == {"num_nodes": 2}  # latency doubles past 3 rows: 2 nodes
+    assert f"- `{hydra.label}` chose num_nodes=2" in markdown(result)
+    write(result, tmp_path / "out")
+    assert load(tmp_path / "out" / "results.json").rows[1].resolved == {"num_nodes": 2}

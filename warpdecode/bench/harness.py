@@ -24,6 +24,7 @@ from warpdecode.bench.prompts import BenchPrompt, load_prompts
 from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import encode_prompt, generate
+from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
@@ -78,6 +79,8 @@ class RowInfo:
     a full-precision backend)."""
     settings: dict[str, Any]
     backend: str = TORCH
+    resolved: dict[str, Any] = field(default_factory=dict)
+    """Options the drafter chose itself when prepared (`num_nodes=auto` → the size it measured best)."""
 
 
 def row_label(spec: MethodSpec, backend: str) -> str:
@@ -361,6 +364,10 @@ def run_bench(
                 m.prompt_id, m.category = prompt.id, prompt.category
                 m.identical = None if sampling else m.token_ids == done[BASELINE].token_ids
                 measurements.append(m)
+    for row in rows:
+        drafter = built_methods[row.label].drafter if row.kind == "warpdecode" else None
+        if isinstance(drafter, ResolvesSettings):
+            row.resolved = drafter.resolved_settings()
     categories = list(dict.fromkeys(p.category for p, _ in encoded))
     return BenchResult(
         config=config, machine=machine | {"load_average_end": load_average()}, rows=rows, measurements=measurements,

@@ -65,6 +65,8 @@ def markdown(result: BenchResult, out: Path | None = None) -> str:
         skipped = (f"\n{len(result.skipped_too_long)} prompt(s) skipped: prompt + {c.max_new_tokens} new tokens exceeds "
                    f"the context ({', '.join(result.skipped_too_long[:10])}{' ...' if len(result.skipped_too_long) > 10 else ''}).")
     rows_skipped = "".join(f"\n- `{label}` not run: {reason}" for label, reason in result.skipped_rows.items())
+    rows_skipped += "".join(f"\n- `{row.label}` chose " + ", ".join(f"{k}={v}" for k, v in row.resolved.items())
+                            for row in result.rows if row.resolved)
     prompts = result.aggregate("none").prompts
     return f"""# Benchmark: {c.prompts}
 

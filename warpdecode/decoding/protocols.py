@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -86,6 +86,15 @@ class Drafter(Protocol):
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
         """Feedback after verification; `state.tokens` already holds the accepted tokens."""
+
+
+@runtime_checkable
+class ResolvesSettings(Protocol):
+    """A drafter that chooses some of its options itself when it is prepared (`num_nodes=auto`)."""
+
+    def resolved_settings(self) -> dict[str, Any]:
+        """Option → the value chosen (empty until `prepare` has run); reported beside the benchmark row."""
+        ...
 
 
 NO_HIDDEN_STATES: Mapping[int, Tensor] = MappingProxyType({})

@@ -224,6 +224,10 @@ class PackagedDrafter(ABC, Generic[NetT]):
                               f"tree is {max(len(p) for p in shape)} deep")
         return shape
 
+    def resolved_settings(self) -> dict[str, Any]:
+        """`num_nodes=auto`: the size chosen (see `ResolvesSettings`)."""
+        return {"num_nodes": self.num_nodes} if self.auto_nodes and self.num_nodes is not None else {}
+
     def fastest_size(self, stored: int) -> int:
         """`num_nodes=auto`: the size of the stored tree with the most expected tokens per second on
         this machine, from the package's validation curve τ(n) and the target's measured verify latency."""
