@@ -64,6 +64,8 @@ def test_the_fused_graph_reads_the_portable_graphs_weights(tiny_package) -> None
 
     package = InferencePackage.load(tiny_package)
     assert package.manifest["backbone"]["fused_graph"] == FUSED_GRAPH and FUSED_GRAPH in package.manifest["files"]
+    assert package.manifest["target"]["source"] == "greedy_target"  # the quantised copies did not rename it
+    assert all(variant["fused"] for variant in package.manifest["backbone"]["variants"].values())
     fused = onnx.load(str(tiny_package / FUSED_GRAPH), load_external_data=False)
     external = [i for i in fused.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
     assert external and {e.value for i in external for e in i.external_data if e.key == "location"} == {GRAPH + ".data"}

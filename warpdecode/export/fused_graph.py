@@ -91,13 +91,13 @@ def write_fused_graph(source: Path, out: Path, config: ModelConfig, hidden_layer
     stored = {init.name: init for init in generic.initializer}
     L, H, Hkv, D, C = config.n_layer, config.n_head, config.kv_head_count, config.head_width, config.d_model
     nodes: list[Any] = []
-    initializers: list[Any] = []
+    weights: dict[str, Any] = {}  # the generic graph's initializers this graph reads, by name
+    initializers: list[Any] = []  # its own (rotary tables, split sizes)
 
     def weight(name: str) -> str:
         key = weight_prefix + name
         init = stored[aliases.get(key, key)]
-        if init.name not in {i.name for i in initializers}:
-            initializers.append(init)
+        weights[init.name] = init
         return init.name
 
     def node(op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> None:
@@ -105,11 +105,11 @@ def write_fused_graph(source: Path, out: Path, config: ModelConfig, hidden_layer
 
     def matmul(x: str, names: list[str], out_name: str) -> None:
         """x @ stacked(weights).T; ONNX Runtime folds the Concat and Transpose of constants at load."""
-        stacked = names[0] if len(names) == 1 else f"{out_name}.w"
-        if len(names) > 1:
-            node("Concat", [weight(n) for n in names], [stacked], axis=0)
-        else:
+        if len(names) == 1:
             stacked = weight(names[0])
+        else:
+            stacked = f"{out_name}.w"
+            node("Concat", [weight(n) for n in names], [stacked], axis=0)
         node("Transpose", [stacked], [f"{out_name}.wt"], perm=[1, 0])
         node("MatMul", [x, f"{out_name}.wt"], [out_name])
 
@@ -170,13 +170,9 @@ def write_fused_graph(source: Path, out: Path, config: ModelConfig, hidden_layer
     for j in sorted(set(hidden_layers)):
         node("Identity", [hidden[j]], [f"hidden_{j}"])
         outputs.append(value(f"hidden_{j}", F32, ["batch", "new_tokens", C]))
-    graph = helper.make_graph(nodes, "warpdecode_fused_step", inputs, outputs, initializers)
+    graph = helper.make_graph(nodes, "warpdecode_fused_step", inputs, outputs, [*weights.values(), *initializers])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="warpdecode")
     onnx.save_model(model, str(out))
     onnx.checker.check_model(str(out))
 
-
-def fused_input_names(n_layer: int) -> list[str]:
-    return (["input_ids", "position_ids", "attention_bias", "seqlens_k", "total_sequence_length", "logit_index"]
-            + [f"past_{kind}_{i}" for i in range(n_layer) for kind in ("key", "value")])

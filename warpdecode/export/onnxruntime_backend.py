@@ -152,15 +152,18 @@ class OnnxRuntimeBackbone:
               index: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """One graph run over T new tokens (B, T); logits (B, K, V) at `index` (K,), every exported
         hidden state (B, T, C). Writes the new keys and values into `cache` and advances it."""
-        B, T = tokens.shape
-        dtype = cache.k.dtype
-        logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
-        hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
+        logits, hidden = self._output_buffers(tokens.shape, len(index), cache.k.dtype)
         run_step_graph(self.session, self.names, [tokens.to(torch.int64).contiguous()], positions, cache, new_mask,
                        self.config.causal, [index.contiguous()],
                        {"logits": logits} | {f"hidden_{j}": h for j, h in hidden.items()})
         return logits, hidden
 
+    def _output_buffers(self, shape: torch.Size, num_logits: int,
+                        dtype: torch.dtype) -> tuple[Tensor, dict[int, Tensor]]:
+        """Empty logits (B, K, V) and exported hidden states (B, T, C) for tokens of `shape` (B, T)."""
+        B, T = shape
+        logits = torch.empty(B, num_logits, self.config.vocab_size, dtype=dtype)
+        return logits, {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
 
     def _fused_step(self, tokens: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
                     index: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
@@ -168,9 +171,7 @@ class OnnxRuntimeBackbone:
         cache for one row at a time, so such batches run row by row (each row a (1, T) forward)."""
         B, T = tokens.shape
         plan = cache.plan_write(T)
-        dtype = cache.k.dtype
-        logits = torch.empty(B, len(index), self.config.vocab_size, dtype=dtype)
-        hidden = {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
+        logits, hidden = self._output_buffers(tokens.shape, len(index), cache.k.dtype)
         mask = default_new_mask(T, causal=True) if new_mask is None else new_mask
         one_call = B == 1 or T == 1 or int(plan.start.max()) == 0
         for rows in [slice(0, B)] if one_call else [slice(b, b + 1) for b in range(B)]:

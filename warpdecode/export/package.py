@@ -154,11 +154,11 @@ def export_package(
             return OnnxRuntimeBackbone(tmp / graph_file, model.config, fingerprint, graph.hidden_layers,
                                        model.embed.weight.detach(), head)
 
-        source = FUSED_GRAPH if unfused is None else GRAPH  # quantised copies of the faster graph
-        full = session(source) if quantize else None
+        quantize_from = FUSED_GRAPH if unfused is None else GRAPH  # quantised copies of the faster graph
+        full = session(quantize_from) if quantize else None
         for kind in dict.fromkeys(quantize):
             name = f"backbone.{kind}.onnx"
-            quantize_graph(tmp / source, tmp / name, kind)
+            quantize_graph(tmp / quantize_from, tmp / name, kind)
             assert full is not None
             variants[kind] = {"graph": name, "backend": f"onnxruntime-{kind}", "fused": unfused is None,
                               "accuracy": compare_models(full, session(name), tokenizer)}
@@ -294,14 +294,14 @@ class InferencePackage:
                                        weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
                                        torch_loader=self._torch_model, device=device, threads=threads)
 
-        if graph.name != fused_graph:
-            return session(graph)
-        try:
-            return session(graph)
-        except onnxruntime_load_errors() as e:  # an ONNX Runtime without these operators (older than tested)
-            warnings.warn(f"ONNX Runtime could not load {graph.name} ({str(e).splitlines()[0][:200]}); "
-                          f"running the portable {GRAPH} instead", RuntimeWarning, stacklevel=2)
-            return session(self.directory / GRAPH)
+        if graph.name == fused_graph:
+            try:
+                return session(graph)
+            except onnxruntime_load_errors() as e:  # an ONNX Runtime without these operators (older than tested)
+                warnings.warn(f"ONNX Runtime could not load {graph.name} ({str(e).splitlines()[0][:200]}); "
+                              f"running the portable {GRAPH} instead", RuntimeWarning, stacklevel=2)
+                graph = self.directory / GRAPH
+        return session(graph)
 
     def _torch_model(self) -> Transformer:
         if self._torch is None:
