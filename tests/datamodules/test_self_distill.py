@@ -147,17 +147,9 @@ def test_finished_cache_is_read_without_loading_the_model(tiny_model_dir, prompt
     assert second.stats == first.stats and second.target_fingerprint == first.target_fingerprint
 
 
-def test_resume_regenerates_only_the_missing_chunk(tiny_model_dir, prompt_file, tmp_path, monkeypatch):
-    make(tiny_model_dir, prompt_file, tmp_path).prepare_data()
-    directory = data_dir(tmp_path)
-    chunks = sorted(directory.glob("chunk-*.npz"))
-    assert [c.name for c in chunks] == ["chunk-000000-000005.npz", "chunk-000005-000010.npz",
-                                        "chunk-000010-000012.npz"]
-    with np.load(chunks[1]) as chunk:
-        before = {key: chunk[key] for key in chunk.files}
-    chunks[1].unlink()
-    (directory / "done.json").unlink()  # the interruption came before the end
-    calls = []
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch sizes of every generation batch from now on."""
+    calls: list[int] = []
     decode_batch = self_distill.decode_batch
 
     def counting(model, prompts, *args, **kwargs):
@@ -165,14 +157,63 @@ def test_resume_regenerates_only_the_missing_chunk(tiny_model_dir, prompt_file, 
         return decode_batch(model, prompts, *args, **kwargs)
 
     monkeypatch.setattr(self_distill, "decode_batch", counting)
+    return calls
+
+
+def test_resume_regenerates_only_the_missing_chunk(tiny_model_dir, prompt_file, tmp_path, monkeypatch):
+    make(tiny_model_dir, prompt_file, tmp_path).prepare_data()
+    directory = data_dir(tmp_path)
+    chunks = sorted(directory.glob("chunk-*.npz"))
+    assert len(chunks) == 3 and len(list(directory.glob("set-*.json"))) == 1
+    with np.load(chunks[1]) as chunk:
+        before = {key: chunk[key] for key in chunk.files}
+    chunks[1].unlink()  # lost, e.g. an interruption before the set was written
+    calls = counting_decodes(monkeypatch)
     dm = make(tiny_model_dir, prompt_file, tmp_path)
     dm.prepare_data()
     dm.setup()
-    assert calls == [5] and (directory / "done.json").is_file()
-    with np.load(chunks[1]) as chunk:
+    assert calls == [len(before["keys"])]
+    with np.load(chunks[1]) as chunk:  # the same prompts make the same content-named chunk
         for key in ("tokens", "offsets", "prompt_lengths", "keys", "features"):
             np.testing.assert_array_equal(chunk[key], before[key])
     assert dm.stats["examples"] == 12 and not list(directory.glob(".*tmp"))
+
+
+def test_a_grown_prompt_set_answers_only_the_new_prompts(tiny_model_dir, prompt_file, tmp_path, monkeypatch):
+    small = make(tiny_model_dir, prompt_file, tmp_path, max_prompts=7)
+    small.setup()
+    calls = counting_decodes(monkeypatch)
+    grown = make(tiny_model_dir, prompt_file, tmp_path)
+    grown.setup()
+    assert calls == [5] and grown.stats["examples"] == 12
+    fresh = make(tiny_model_dir, prompt_file, tmp_path / "fresh")
+    fresh.setup()
+
+    def by_prompt(dm: SelfDistillDataModule) -> dict[tuple[int, ...], list[int]]:
+        return {tuple(e.tokens[: e.prompt_length].tolist()): e.tokens.tolist() for e in examples(dm)}
+    assert by_prompt(grown) == by_prompt(fresh)  # the answers do not depend on how the set grew
+    assert {k: v for k, v in grown.stats.items() if k != "generation_seconds"} == {
+        k: v for k, v in fresh.stats.items() if k != "generation_seconds"}
+    calls.clear()
+    subset = make(tiny_model_dir, prompt_file, tmp_path, max_prompts=4)  # a smaller set reuses answers
+    subset.setup()
+    assert calls == [] and subset.stats["examples"] == 4
+    assert by_prompt(subset).items() <= by_prompt(fresh).items()
+    assert len(list(data_dir(tmp_path).glob("set-*.json"))) == 3
+
+
+def test_an_unreadable_chunk_is_reported_and_answered_again(tiny_model_dir, prompt_file, tmp_path, monkeypatch):
+    make(tiny_model_dir, prompt_file, tmp_path).prepare_data()
+    directory = data_dir(tmp_path)
+    chunk = min(directory.glob("chunk-*.npz"))
+    chunk.write_bytes(chunk.read_bytes()[:100])  # truncated
+    for manifest in directory.glob("set-*.json"):
+        manifest.unlink()
+    calls = counting_decodes(monkeypatch)
+    dm = make(tiny_model_dir, prompt_file, tmp_path)
+    with pytest.warns(UserWarning, match="ignoring the unreadable self-distillation chunk"):
+        dm.setup()
+    assert len(calls) == 1 and dm.stats["examples"] == 12
 
 
 def test_long_prompts_are_skipped_and_answers_cut_at_max_length(tiny_model_dir, tmp_path):

@@ -81,8 +81,8 @@ class AnswerSamplesDataModule(LightningDataModule):
         return {"train_samples": len(labels), "val_samples": len(splits["val"]["labels"]),
                 "positive_rate": round(float(labels.mean()), 4)}
 
-    def _cache_path(self, data_dir: Path) -> Path:
-        key = hashlib.sha256(json.dumps({"data": data_dir.name, "answers": self.max_answers, **self.cache_key()},
+    def _cache_path(self, manifest: Path) -> Path:
+        key = hashlib.sha256(json.dumps({"data": f"{manifest.parent.name}/{manifest.name}", "answers": self.max_answers, **self.cache_key()},
                                         sort_keys=True).encode()).hexdigest()[:24]
         return self.distill.cache_dir / self.cache_name / f"{key}.pt"
 
@@ -95,7 +95,7 @@ class AnswerSamplesDataModule(LightningDataModule):
         self.distill.setup(stage)
         target, _ = load_pretrained(self.target_source)
         self.target = target
-        path = self._cache_path(self.distill.data_dir())
+        path = self._cache_path(self.distill.data_manifest())
         if path.is_file():
             splits = torch.load(path)
             rank_zero_info(f"{self.cache_name} samples: reusing {path}")

@@ -3,20 +3,24 @@
 Drafters (Medusa heads, EAGLE-style layers) learn to predict what the target generates, so they are
 trained on the target's greedy continuations of real prompts, optionally with the target's final
 normed hidden state at every position (the features a drafter reads). `prepare_data` regenerates the
-answers once, batch by batch, and caches them on disk:
+answers once, batch by batch, and caches them on disk, one answer per prompt:
 
-    <cache_dir>/runs/<run key>.json    which data folder this configuration produced; the run key
+    <cache_dir>/runs/<run key>.json    which prompt set this configuration produced; the run key
                                        hashes only the configuration and file stamps, so a finished
                                        cache is found without loading the model
-    <cache_dir>/data/<data key>/       keyed by the target's weight fingerprint, the encoded prompts,
-                                       the stop ids, max_new_tokens, max_length and the features flag
-        chunk-<start>-<end>.npz        one generation batch, written to a temporary file and renamed
-        done.json                      counts and stats, written last: the folder is complete
+    <cache_dir>/data/<answers key>/    keyed by the target's weight fingerprint, the stop ids,
+                                       max_new_tokens, max_length and the features flag (not the prompts)
+        chunk-<content hash>.npz       one generation batch, written to a temporary file and renamed;
+                                       each row is the answer to one (prompt key, prompt ids)
+        set-<prompts hash>.json        one prompt set: which rows of which chunks, counts and stats,
+                                       written last: the set is complete
 
-An interrupted run loses at most the batch in flight: the rerun keeps every finished chunk. Examples
-are split into train/val by a hash of the prompt text, so a prompt never moves between splits. `setup`
-holds every example in memory (the features take tokens x C x 2 bytes: about 0.35 GB for 1024 prompts
-of 300 tokens with C = 576).
+A prompt is answered once per answers folder, whatever set asks for it: a larger `max_prompts`, another
+seed or another mix of sources generates only the prompts no chunk holds yet (the built-in sources
+keep their order when `max_prompts` grows, so growing adds to the end). An interrupted run loses at
+most the batch in flight. Examples are split into train/val by a hash of the prompt text, so a
+prompt never moves between splits. `setup` holds every example in memory (the features take
+tokens x C x 2 bytes: about 0.35 GB for 1024 prompts of 300 tokens with C = 576).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import random
 import sys
 import sysconfig
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from itertools import zip_longest
 from pathlib import Path
@@ -58,7 +63,7 @@ from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 DOCSTRING_MIN_CHARS = 24
 """Shorter first paragraphs ("Return x.") say too little to write a function from."""
 STATS = ("examples", "prompt_tokens", "answer_tokens", "generation_seconds", "skipped_prompts")
@@ -221,18 +226,48 @@ def _save_chunk(path: Path, arrays: dict[str, np.ndarray]) -> None:
     _write_atomic(path, lambda f: np.savez(f, allow_pickle=False, **arrays))
 
 
-def _totals(directory: Path, names: list[str]) -> dict[str, float]:
-    """Example and token counts and generation seconds summed over the chunk files `names`."""
+def example_id(key: str, prompt_ids: Sequence[int]) -> str:
+    """What names one cached answer: the prompt's split key and its token ids."""
+    return _sha([key, [int(t) for t in prompt_ids]])
+
+
+def index_chunks(directory: Path) -> dict[str, tuple[str, int]]:
+    """example id → (chunk file name, row) of every answer held by the chunk files of `directory`.
+    A chunk that cannot be read is reported and left out: its prompts are answered again."""
+    index: dict[str, tuple[str, int]] = {}
+    for path in sorted(directory.glob("chunk-*.npz")):
+        try:
+            with np.load(path) as chunk:
+                tokens, offsets, lengths, keys = (chunk[k] for k in ("tokens", "offsets", "prompt_lengths", "keys"))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            rank_zero_warn(f"ignoring the unreadable self-distillation chunk {path}: {error}")
+            continue
+        for row, (key, begin, length) in enumerate(zip(keys, offsets[:-1], lengths, strict=True)):
+            index.setdefault(example_id(str(key), tokens[begin : begin + length]), (path.name, row))
+    return index
+
+
+def _totals(directory: Path, rows: dict[str, list[int]]) -> dict[str, float]:
+    """Example and token counts over the chosen `rows` of each chunk file, and the generation seconds
+    of those chunks in proportion to the rows chosen."""
     totals: dict[str, float] = dict.fromkeys(("examples", "prompt_tokens", "answer_tokens"), 0)
     totals["generation_seconds"] = 0.0
-    for name in names:
+    for name, picked in rows.items():
         with np.load(directory / name) as chunk:
-            prompt_tokens = int(chunk["prompt_lengths"].sum())
-            totals["examples"] += len(chunk["prompt_lengths"])
+            lengths = chunk["prompt_lengths"]
+            prompt_tokens = int(lengths[picked].sum())
+            totals["examples"] += len(picked)
             totals["prompt_tokens"] += prompt_tokens
-            totals["answer_tokens"] += len(chunk["tokens"]) - prompt_tokens
-            totals["generation_seconds"] += float(chunk["seconds"])
+            totals["answer_tokens"] += int(np.diff(chunk["offsets"])[picked].sum()) - prompt_tokens
+            totals["generation_seconds"] += float(chunk["seconds"]) * len(picked) / len(lengths)
     return totals
+
+
+def _complete(manifest: Path) -> bool:
+    """A prompt-set file exists and every chunk it names is still on disk."""
+    if not manifest.is_file():
+        return False
+    return all((manifest.parent / name).is_file() for name in json.loads(manifest.read_text())["rows"])
 
 
 def generate_chunk(model: Transformer, batch: list[tuple[DistillPrompt, list[int]]], *, budgets: list[int],
@@ -397,20 +432,23 @@ class SelfDistillDataModule(LightningDataModule):
             "features": self.features,
         })
 
-    def data_dir(self) -> Path:
-        """The finished data folder of this configuration, regenerating whatever it lacks."""
+    def data_manifest(self) -> Path:
+        """The finished prompt-set file (`set-*.json`) of this configuration, answering the prompts
+        that no cached chunk holds yet."""
         run = self.cache_dir / "runs" / f"{self._run_key()}.json"
         if run.is_file():
-            directory = self.cache_dir / "data" / json.loads(run.read_text())["data"]
-            if (directory / "done.json").is_file():
-                rank_zero_info(f"self-distillation data: reusing the finished cache {directory}")
-                return directory
-        directory = self._regenerate()
-        _write_json(run, {"data": directory.name})
-        return directory
+            recorded = json.loads(run.read_text())
+            manifest = self.cache_dir / "data" / recorded["data"] / recorded["set"]
+            if _complete(manifest):
+                rank_zero_info(f"self-distillation data: reusing the finished cache {manifest}")
+                return manifest
+        manifest = self._answer()
+        _write_json(run, {"data": manifest.parent.name, "set": manifest.name})
+        return manifest
 
-    def _regenerate(self) -> Path:
-        """Load the target, generate the chunks the data folder lacks, then write its `done.json`."""
+    def _answer(self) -> Path:
+        """Load the target, answer the prompts no chunk of the answers folder holds, then write the
+        prompt set's file."""
         prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed)
         model, tokenizer = load_pretrained(self.target, device=self.generation_device)
         limit = min(self.max_length, model.config.max_seq_len)
@@ -421,60 +459,67 @@ class SelfDistillDataModule(LightningDataModule):
         if len(kept) < len(prompts):
             rank_zero_warn(f"skipping {len(prompts) - len(kept)} of {len(prompts)} prompts: empty or longer "
                            f"than {limit - 1} tokens")
-        kept.sort(key=lambda item: len(item[1]))  # stable; similar lengths share a batch: less padding
         stop_ids = stop_token_ids(model, tokenizer)
         fingerprint = model_fingerprint(model)
         directory = self.cache_dir / "data" / _sha({
             "version": CACHE_VERSION, "target": fingerprint, "stop_ids": sorted(stop_ids),
-            "prompts": _sha([[p.key, ids] for p, ids in kept]), "max_new_tokens": self.max_new_tokens,
-            "max_length": self.max_length, "features": self.features,
+            "max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "features": self.features,
         })
-        if (directory / "done.json").is_file():
-            return directory
-        size = self.generation_batch_size
-        batches = {f"chunk-{s:06d}-{s + len(kept[s : s + size]):06d}.npz": kept[s : s + size]
-                   for s in range(0, len(kept), size)}
-        todo = [name for name in batches if not (directory / name).is_file()]
-        rank_zero_info(f"self-distillation data in {directory}: reusing {len(batches) - len(todo)} of "
-                       f"{len(batches)} chunks, generating {len(todo)}")
+        wanted = [example_id(p.key, tokens) for p, tokens in kept]
+        manifest = directory / f"set-{_sha(wanted)}.json"
+        if _complete(manifest):
+            return manifest
+        index = index_chunks(directory) if directory.is_dir() else {}
+        missing = sorted((item for item, i in zip(kept, wanted, strict=True) if i not in index),
+                         key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
+        rank_zero_info(f"self-distillation answers in {directory}: reusing {len(kept) - len(missing)} of "
+                       f"{len(kept)}, generating {len(missing)}")
         new_tokens, seconds = 0, 0.0
-        initial = len(kept) - sum(len(batches[name]) for name in todo)
-        with tqdm(total=len(kept), initial=initial, desc="self-distill", unit="prompt", disable=None) as bar:
-            for name in todo:
-                budgets = [min(self.max_new_tokens, limit - len(ids)) for _, ids in batches[name]]
-                chunk = generate_chunk(model, batches[name], budgets=budgets, stop_ids=stop_ids,
-                                       features=self.features)
+        with tqdm(total=len(kept), initial=len(kept) - len(missing), desc="self-distill", unit="prompt",
+                  disable=None) as bar:
+            for start in range(0, len(missing), self.generation_batch_size):
+                batch = missing[start : start + self.generation_batch_size]
+                batch_ids = [example_id(p.key, tokens) for p, tokens in batch]
+                budgets = [min(self.max_new_tokens, limit - len(tokens)) for _, tokens in batch]
+                chunk = generate_chunk(model, batch, budgets=budgets, stop_ids=stop_ids, features=self.features)
+                name = f"chunk-{_sha(batch_ids)}.npz"
                 _save_chunk(directory / name, chunk)
+                index.update({i: (name, row) for row, i in enumerate(batch_ids)})
                 new_tokens += len(chunk["tokens"]) - int(chunk["prompt_lengths"].sum())
                 seconds += float(chunk["seconds"])
-                bar.update(len(batches[name]))
+                bar.update(len(batch))
                 bar.set_postfix(tok_s=f"{new_tokens / seconds:.0f}")
-        _write_json(directory / "done.json", {
+        rows: dict[str, list[int]] = {}
+        for i in wanted:
+            name, row = index[i]
+            rows.setdefault(name, []).append(row)
+        _write_json(manifest, {
             "target": self.target, "target_fingerprint": fingerprint, "hidden_size": model.config.d_model,
-            "features": self.features, "chunks": list(batches),
-            **_totals(directory, list(batches)), "skipped_prompts": len(prompts) - len(kept),
+            "features": self.features, "rows": rows,
+            **_totals(directory, rows), "skipped_prompts": len(prompts) - len(kept),
         })
-        return directory
+        return manifest
 
     def prepare_data(self) -> None:
-        """Runs on one process per node before `setup`: regenerates the answers on a cache miss."""
-        self.data_dir()
+        """Runs on one process per node before `setup`: answers the prompts the cache lacks."""
+        self.data_manifest()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        directory = self.data_dir()
-        done = json.loads((directory / "done.json").read_text())
+        manifest = self.data_manifest()
+        done = json.loads(manifest.read_text())
         splits: dict[str, list[Example]] = {"train": [], "val": []}
-        for name in done["chunks"]:
-            with np.load(directory / name) as chunk:
+        for name, picked in done["rows"].items():
+            with np.load(manifest.parent / name) as chunk:
                 arrays = {key: chunk[key] for key in chunk.files}
-            offsets = arrays["offsets"]
-            for i, key in enumerate(arrays["keys"]):
+            offsets, whole = arrays["offsets"], len(picked) == len(arrays["keys"])
+            for i in picked:  # rows of a chunk shared with other sets are copied, so the chunk is freed
                 span = slice(offsets[i], offsets[i + 1])
+                features = arrays["features"][span] if "features" in arrays else None
                 example = Example(arrays["tokens"][span], int(arrays["prompt_lengths"][i]),
-                                  arrays["features"][span] if "features" in arrays else None)
-                splits[split_of(str(key), self.val_fraction, 0.0)].append(example)
+                                  features if whole or features is None else features.copy())
+                splits[split_of(str(arrays["keys"][i]), self.val_fraction, 0.0)].append(example)
         if not splits["train"]:
             raise ConfigError(f"no example fell into the train split ({done['examples']} examples, "
                               f"val_fraction {self.val_fraction}); use more prompts or a lower val_fraction")
