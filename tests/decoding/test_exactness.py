@@ -64,8 +64,9 @@ def test_greedy_identity_draft_tree(target, prompt, single_thread):
 
 @pytest.mark.parametrize("name", ["medusa", "hydra", "eagle", "clover"])
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
-def test_greedy_identity_learned_drafter_with_prompt_lookup(target, name, prompt, drafter_options, single_thread):
-    check_greedy_identity(target, name, drafter_options[name] | {"lookup": 4}, prompt)
+@pytest.mark.parametrize("scale", [True, False], ids=["scaled", "full"])
+def test_greedy_identity_learned_drafter_with_prompt_lookup(target, name, prompt, scale, drafter_options, single_thread):
+    check_greedy_identity(target, name, drafter_options[name] | {"lookup": 4, "lookup_scale": scale}, prompt)
 
 
 def check_greedy_identity(target, name, options, prompt):

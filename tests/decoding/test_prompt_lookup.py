@@ -1,6 +1,13 @@
+from types import SimpleNamespace
+
 import pytest
 
-from warpdecode.decoding.drafters.prompt_lookup import PromptLookup, find_continuation
+from warpdecode.decoding.drafters.prompt_lookup import (
+    PromptLookup,
+    find_continuation,
+    longest_match,
+    scaled_length,
+)
 from warpdecode.errors import ConfigError
 
 
@@ -23,3 +30,28 @@ def test_continuation_is_cut_at_the_sequence_end():
 def test_invalid_options():
     with pytest.raises(ConfigError, match="min_ngram"):
         PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def test_longest_match_reports_its_length_and_where_the_copy_starts():
+    tokens = [1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3]
+    assert longest_match(tokens, max_ngram=3, min_ngram=1) == (3, 3)
+    assert longest_match(tokens, max_ngram=2, min_ngram=1) == (2, 7)
+    assert longest_match([1, 2, 3, 4], max_ngram=3, min_ngram=1) == (0, 0)
+
+
+@pytest.mark.parametrize("n, expected", [(1, 4), (2, 7), (3, 10)])
+def test_scaled_length_grows_with_the_match(n, expected):
+    assert scaled_length(10, n, 3) == expected
+
+
+def test_scaled_lookup_proposes_shorter_chains_after_shorter_matches():
+    one_token_match = [5, 1, 2, 3, 4, 6, 7, 8, 9, 8, 5]  # only [5] recurs
+    three_token_match = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    for tokens, scaled in ((one_token_match, [1, 2, 3, 4]), (three_token_match, [4, 5, 6, 7, 8, 9, 1, 2, 3])):
+        state = SimpleNamespace(tokens=tokens)
+        plain = PromptLookup(num_tokens=10).propose(state, budget=64)  # type: ignore[arg-type]
+        cut = PromptLookup(num_tokens=10, scale=True).propose(state, budget=64)  # type: ignore[arg-type]
+        assert cut.tokens.tolist() == scaled
+        assert plain.tokens.tolist()[: len(scaled)] == scaled
+    assert PromptLookup(num_tokens=10, scale=True).propose(
+        SimpleNamespace(tokens=three_token_match), budget=2).tokens.tolist() == [4, 5]  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ class CloverDraft(PackagedDrafter[CloverNet]):
     kind = "clover"
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 4,
-                 lookup: int = 0) -> None:
+                 lookup: int = 0, lookup_scale: bool = True) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/clover.yaml`.
         tree: `static` (the tree stored with the drafter) or `chain`.
@@ -45,8 +45,11 @@ class CloverDraft(PackagedDrafter[CloverNet]):
         num_tokens: chain length for `chain`.
         lookup: fuse a prompt-lookup chain of up to this many tokens into every proposal whose context
             has a match (0: off).
+        lookup_scale: cut the lookup chain after a shorter match in proportion to the match
+            (`prompt_lookup.scaled_length`: 4, 7 and 10 tokens of `lookup=10` after 1-, 2- and
+            3-token matches); false: up to `lookup` tokens after any match.
         """
-        super().__init__(path, tree, num_nodes, num_tokens, lookup)
+        super().__init__(path, tree, num_nodes, num_tokens, lookup, lookup_scale)
         self.augment_cache: KVCache | None = None
         self.context: KVCache | None = None
         """The decoder's keys/values of every committed position (one layer)."""

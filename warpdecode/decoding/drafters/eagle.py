@@ -47,7 +47,7 @@ class EagleDraft(PackagedDrafter[EagleNet]):
     trees = ("static", "chain", "dynamic")
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 5,
-                 top_k: int = 4, lookup: int = 0) -> None:
+                 top_k: int = 4, lookup: int = 0, lookup_scale: bool = True) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/eagle.yaml`.
         tree: `static` (the tree stored with the drafter), `chain` or `dynamic` (see the module doc).
@@ -58,8 +58,11 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         top_k: candidates per expanded node for `dynamic`.
         lookup: fuse a prompt-lookup chain of up to this many tokens into every proposal whose context
             has a match (0: off).
+        lookup_scale: cut the lookup chain after a shorter match in proportion to the match
+            (`prompt_lookup.scaled_length`: 4, 7 and 10 tokens of `lookup=10` after 1-, 2- and
+            3-token matches); false: up to `lookup` tokens after any match.
         """
-        super().__init__(path, tree, num_nodes, num_tokens, lookup)
+        super().__init__(path, tree, num_nodes, num_tokens, lookup, lookup_scale)
         if top_k < 1:
             raise ConfigError(f"eagle top_k must be >= 1, got {top_k}")
         self.top_k = top_k

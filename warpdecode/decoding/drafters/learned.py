@@ -139,10 +139,10 @@ class PackagedDrafter(ABC, Generic[NetT]):
     needs_training: ClassVar[bool] = True
 
     def __init__(self, path: str, tree: str, num_nodes: int | str | None, num_tokens: int | None,
-                 lookup: int = 0) -> None:
+                 lookup: int = 0, lookup_scale: bool = True) -> None:
         if lookup < 0:
             raise ConfigError(f"{self.kind} lookup must be >= 0 (0: no prompt lookup), got {lookup}")
-        self.copier = PromptLookup(num_tokens=lookup) if lookup else None
+        self.copier = PromptLookup(num_tokens=lookup, scale=lookup_scale) if lookup else None
         """Prompt lookup whose chain is fused into every proposal (`lookup` > 0)."""
         if tree not in self.trees:
             raise ConfigError(f"{self.kind} tree must be one of {', '.join(self.trees)}, got {tree!r}")

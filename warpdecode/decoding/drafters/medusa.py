@@ -40,7 +40,7 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
     net_class: ClassVar[type[FutureHeads]]
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None,
-                 num_tokens: int | None = None, lookup: int = 0) -> None:
+                 num_tokens: int | None = None, lookup: int = 0, lookup_scale: bool = True) -> None:
         """Args:
         path: a drafter package trained with `warpdecode fit --config configs/drafters/<kind>.yaml`.
         tree: `static` (the tree stored with the drafter) or `chain`.
@@ -50,8 +50,11 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
         num_tokens: chain length, at most the number of heads (default: all of them).
         lookup: fuse a prompt-lookup chain of up to this many tokens into every proposal whose context
             has a match (0: off).
+        lookup_scale: cut the lookup chain after a shorter match in proportion to the match
+            (`prompt_lookup.scaled_length`: 4, 7 and 10 tokens of `lookup=10` after 1-, 2- and
+            3-token matches); false: up to `lookup` tokens after any match.
         """
-        super().__init__(path, tree, num_nodes, num_tokens, lookup)
+        super().__init__(path, tree, num_nodes, num_tokens, lookup, lookup_scale)
         self.graphs: OnnxHeads | None = None
         """The heads' ONNX graphs, used when the target is not a PyTorch model and they exist."""
 
