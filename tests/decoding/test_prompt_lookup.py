@@ -49,9 +49,9 @@ def test_scaled_lookup_proposes_shorter_chains_after_shorter_matches():
     three_token_match = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
     for tokens, scaled in ((one_token_match, [1, 2, 3, 4]), (three_token_match, [4, 5, 6, 7, 8, 9, 1, 2, 3])):
         state = SimpleNamespace(tokens=tokens)
-        plain = PromptLookup(num_tokens=10).propose(state, budget=64)  # type: ignore[arg-type]
-        cut = PromptLookup(num_tokens=10, scale=True).propose(state, budget=64)  # type: ignore[arg-type]
+        plain = PromptLookup(num_tokens=10, scale=False).propose(state, budget=64)  # type: ignore[arg-type]
+        cut = PromptLookup(num_tokens=10).propose(state, budget=64)  # type: ignore[arg-type]
         assert cut.tokens.tolist() == scaled
         assert plain.tokens.tolist()[: len(scaled)] == scaled
-    assert PromptLookup(num_tokens=10, scale=True).propose(
+    assert PromptLookup(num_tokens=10).propose(
         SimpleNamespace(tokens=three_token_match), budget=2).tokens.tolist() == [4, 5]  # type: ignore[arg-type]

@@ -2,7 +2,8 @@
 
 The last `n` tokens (n from `max_ngram` down to `min_ngram`) are searched for in the prompt and the
 text generated so far; the tokens that followed the most recent earlier occurrence are proposed as
-a chain. No match: no draft, so the step costs what plain decoding costs.
+a chain, shorter after a shorter match (`scale`). No match: no draft, so the step costs what plain
+decoding costs.
 """
 
 from __future__ import annotations
@@ -59,13 +60,13 @@ class PromptLookup:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = False) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = True) -> None:
         """Args:
         max_ngram: longest suffix n-gram to look up.
         min_ngram: shortest suffix n-gram to look up.
         num_tokens: longest chain to propose.
         scale: cut the chain after a shorter match in proportion to its length (`scaled_length`), so
-            weak one-token matches cost fewer verify rows.
+            weak one-token matches cost fewer verify rows; false: `num_tokens` after any match.
         """
         if not 1 <= min_ngram <= max_ngram or num_tokens < 1:
             raise ConfigError(f"prompt lookup needs 1 <= min_ngram <= max_ngram and num_tokens >= 1, "
