@@ -179,13 +179,15 @@ def test_resume_regenerates_only_the_missing_chunk(tiny_model_dir, prompt_file, 
     assert dm.stats["examples"] == 12 and not list(directory.glob(".*tmp"))
 
 
-def test_a_grown_prompt_set_answers_only_the_new_prompts(tiny_model_dir, prompt_file, tmp_path, monkeypatch):
+def test_a_grown_prompt_set_answers_only_the_new_prompts(tiny_model_dir, prompt_file, tmp_path, monkeypatch, capsys):
     small = make(tiny_model_dir, prompt_file, tmp_path, max_prompts=7)
     small.setup()
     calls = counting_decodes(monkeypatch)
+    capsys.readouterr()
     grown = make(tiny_model_dir, prompt_file, tmp_path)
     grown.setup()
     assert calls == [5] and grown.stats["examples"] == 12
+    assert "self-distill: 12/12 prompts (100 %)" in capsys.readouterr().err  # no terminal: progress as lines
     fresh = make(tiny_model_dir, prompt_file, tmp_path / "fresh")
     fresh.setup()
 

@@ -73,8 +73,13 @@ def test_wandb_is_offline_unless_a_key_is_configured(tmp_path: Path, monkeypatch
     assert wandb_offline() is False
 
 
-def test_fit_logs_an_offline_wandb_run_and_exports_the_model(tmp_path: Path, tiny_recipe: Path) -> None:
+def test_fit_logs_an_offline_wandb_run_and_exports_the_model(
+    tmp_path: Path, tiny_recipe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     main(["fit", "--config", str(tiny_recipe), "--trainer.max_epochs=1"])
+    err = capsys.readouterr().err  # not a terminal: progress and validation come as lines
+    assert "fit: 81/81 optimizer steps (100 %)" in err and "epoch 1/1, train/loss " in err
+    assert "validation after 81 optimizer steps: val/loss " in err and "val/ppl " in err
     (run,) = run_dirs(tmp_path)
     (offline,) = (tmp_path / "runs" / "wandb").glob("offline-run-*")
     assert offline.name.endswith(run.name)

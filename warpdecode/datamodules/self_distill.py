@@ -62,6 +62,7 @@ from warpdecode.models.checkpoint import load_pretrained, resolve
 from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
+from warpdecode.progress import ProgressLines
 
 CACHE_VERSION = 2
 DOCSTRING_MIN_CHARS = 24
@@ -475,8 +476,9 @@ class SelfDistillDataModule(LightningDataModule):
         rank_zero_info(f"self-distillation answers in {directory}: reusing {len(kept) - len(missing)} of "
                        f"{len(kept)}, generating {len(missing)}")
         new_tokens, seconds = 0, 0.0
+        lines = ProgressLines("self-distill", len(kept), "prompts", done=len(kept) - len(missing))
         with tqdm(total=len(kept), initial=len(kept) - len(missing), desc="self-distill", unit="prompt",
-                  disable=None) as bar:
+                  disable=None) as bar:  # draws only on a terminal; the lines go to logs instead
             for start in range(0, len(missing), self.generation_batch_size):
                 batch = missing[start : start + self.generation_batch_size]
                 batch_ids = [example_id(p.key, tokens) for p, tokens in batch]
@@ -489,6 +491,8 @@ class SelfDistillDataModule(LightningDataModule):
                 seconds += float(chunk["seconds"])
                 bar.update(len(batch))
                 bar.set_postfix(tok_s=f"{new_tokens / seconds:.0f}")
+                if bar.disable:
+                    lines.update(len(kept) - len(missing) + start + len(batch), tok_s=f"{new_tokens / seconds:.0f}")
         rows: dict[str, list[int]] = {}
         for i in wanted:
             name, row = index[i]

@@ -1,8 +1,10 @@
 """`fit | validate | test` for every LightningModule/LightningDataModule pair, configured from YAML.
 
 Defaults added on top of LightningCLI: flush-denormal on, a fixed seed, a W&B logger (offline
-unless an API key is configured or `WANDB_MODE` says otherwise), and a `ModelCheckpoint` whose
-`last.ckpt` resumes a run exactly through `--ckpt_path`. Each run writes its config, checkpoints
+unless an API key is configured or `WANDB_MODE` says otherwise), a `ModelCheckpoint` whose
+`last.ckpt` resumes a run exactly through `--ckpt_path`, and, when stderr is not a terminal (nohup,
+CI, batch jobs: the progress bar draws nothing there), progress lines every minute and the
+validation metrics after each validation (`LogProgress`). Each run writes its config, checkpoints
 and (for `fit`) exported model under one run directory, `<save_dir>/<project>/<run id>/`.
 
 Multi-process training (`--trainer.strategy=ddp --trainer.devices=N`) re-executes the current
@@ -21,7 +23,7 @@ from urllib.parse import urlparse
 import torch
 from jsonargparse import set_parsing_settings
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from warpdecode.datamodules.acceptance import AcceptanceDataModule
@@ -42,6 +44,7 @@ from warpdecode.modules.judge import JudgeModule
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
+from warpdecode.progress import ProgressLines, no_terminal
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
 REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CloverDrafter, CorpusDataModule,
@@ -89,6 +92,37 @@ class SaveRunConfig(SaveConfigCallback):
         self.parser.save(self.config, str(path), skip_unset=False, overwrite=True, multifile=False)
 
 
+class LogProgress(Callback):
+    """`fit`'s optimizer steps as progress lines (`ProgressLines`: at most one a minute, with the
+    epoch, the last logged `train/loss` and the time left), and the `val/` metrics after every validation."""
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.every = every
+        self.lines: ProgressLines | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.lines = ProgressLines("fit", float(trainer.estimated_stepping_batches), "optimizer steps",
+                                   every=self.every, done=trainer.global_step)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: object, batch: object,
+                           batch_idx: int) -> None:
+        if self.lines is None or not trainer.is_global_zero:
+            return
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        extra: dict[str, object] = {"epoch": f"{trainer.current_epoch + 1}{epochs}"}
+        if (loss := trainer.callback_metrics.get("train/loss")) is not None:
+            extra["train/loss"] = f"{float(loss):.4g}"
+        self.lines.update(trainer.global_step, **extra)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
+        if metrics:
+            print(f"validation after {trainer.global_step} optimizer steps: "
+                  + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), file=sys.stderr, flush=True)
+
+
 class WarpdecodeCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -115,6 +149,7 @@ def build_cli(argv: list[str], *, run: bool = True) -> WarpdecodeCLI:
         run=run,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"save_to_log_dir": False},
+        trainer_defaults={"callbacks": [LogProgress()]} if no_terminal() else None,
         seed_everything_default=DEFAULT_SEED,
         parser_kwargs={"description": __doc__.splitlines()[0]},
     )
