@@ -20,13 +20,14 @@ def no_terminal() -> bool:
     return not sys.stderr.isatty()
 
 
-def _stderr(line: str) -> None:
+def log_line(line: str) -> None:
+    """Write one line to stderr now (not buffered until the process ends)."""
     print(line, file=sys.stderr, flush=True)
 
 
 class ProgressLines:
     def __init__(self, what: str, total: float, unit: str, *, every: float = 60.0, done: float = 0,
-                 emit: Callable[[str], None] = _stderr, clock: Callable[[], float] = time.monotonic) -> None:
+                 emit: Callable[[str], None] = log_line, clock: Callable[[], float] = time.monotonic) -> None:
         """Args:
         what: what is progressing, the start of every line.
         total: the amount of work (`inf` or 0: unknown; the lines then give no share and no estimate).

@@ -2,13 +2,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from warpdecode.decoding.drafters.prompt_lookup import (
-    PromptLookup,
-    find_continuation,
-    longest_match,
-    scaled_length,
-)
+from warpdecode.decoding.drafters.prompt_lookup import PromptLookup, longest_match, scaled_length
 from warpdecode.errors import ConfigError
+
+
+def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
+    """The full chain prompt lookup proposes after `tokens`."""
+    lookup = PromptLookup(max_ngram, min_ngram, num_tokens, scale=False)
+    return lookup.propose(SimpleNamespace(tokens=tokens), budget=64).tokens.tolist()  # type: ignore[arg-type]
 
 
 def test_longest_suffix_most_recent_match():

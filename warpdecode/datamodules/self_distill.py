@@ -475,9 +475,9 @@ class SelfDistillDataModule(LightningDataModule):
                          key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
         rank_zero_info(f"self-distillation answers in {directory}: reusing {len(kept) - len(missing)} of "
                        f"{len(kept)}, generating {len(missing)}")
-        new_tokens, seconds = 0, 0.0
-        lines = ProgressLines("self-distill", len(kept), "prompts", done=len(kept) - len(missing))
-        with tqdm(total=len(kept), initial=len(kept) - len(missing), desc="self-distill", unit="prompt",
+        new_tokens, seconds, done = 0, 0.0, len(kept) - len(missing)
+        lines = ProgressLines("self-distill", len(kept), "prompts", done=done)
+        with tqdm(total=len(kept), initial=done, desc="self-distill", unit="prompt",
                   disable=None) as bar:  # draws only on a terminal; the lines go to logs instead
             for start in range(0, len(missing), self.generation_batch_size):
                 batch = missing[start : start + self.generation_batch_size]
@@ -489,10 +489,11 @@ class SelfDistillDataModule(LightningDataModule):
                 index.update({i: (name, row) for row, i in enumerate(batch_ids)})
                 new_tokens += len(chunk["tokens"]) - int(chunk["prompt_lengths"].sum())
                 seconds += float(chunk["seconds"])
+                done += len(batch)
                 bar.update(len(batch))
                 bar.set_postfix(tok_s=f"{new_tokens / seconds:.0f}")
                 if bar.disable:
-                    lines.update(len(kept) - len(missing) + start + len(batch), tok_s=f"{new_tokens / seconds:.0f}")
+                    lines.update(done, tok_s=f"{new_tokens / seconds:.0f}")
         rows: dict[str, list[int]] = {}
         for i in wanted:
             name, row = index[i]

@@ -44,7 +44,7 @@ from warpdecode.modules.judge import JudgeModule
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
-from warpdecode.progress import ProgressLines, no_terminal
+from warpdecode.progress import ProgressLines, log_line, no_terminal
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
 REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CloverDrafter, CorpusDataModule,
@@ -119,8 +119,8 @@ class LogProgress(Callback):
             return
         metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
         if metrics:
-            print(f"validation after {trainer.global_step} optimizer steps: "
-                  + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), file=sys.stderr, flush=True)
+            log_line(f"validation after {trainer.global_step} optimizer steps: "
+                     + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 
 class WarpdecodeCLI(LightningCLI):

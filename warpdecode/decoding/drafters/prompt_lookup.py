@@ -33,16 +33,6 @@ def longest_match(tokens: list[int], max_ngram: int, min_ngram: int) -> tuple[in
     return 0, 0
 
 
-def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
-    """Tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram.
-
-    Example: tokens = [a, b, c, d, a, b], max_ngram = 2 → suffix [a, b] occurred at 0 → propose [c, d, a, b]
-    (cut to `num_tokens`).
-    """
-    n, end = longest_match(tokens, max_ngram, min_ngram)
-    return tokens[end : end + num_tokens] if n else []
-
-
 def scaled_length(num_tokens: int, n: int, max_ngram: int) -> int:
     """The chain length after a match of n of `max_ngram` tokens: num_tokens * n / max_ngram, rounded up.
 
