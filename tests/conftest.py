@@ -17,6 +17,7 @@ from tiny_models import (
     greedy_target,
     heads_package,
     layer_router_package,
+    ppd_package,
     save_diffusion_drafter,
     save_tiny_model,
 )
@@ -62,7 +63,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def drafter_options(tmp_path_factory):
     """Constructor options that let every registered drafter run on the 64-token tiny targets:
     `DRAFTER_OPTIONS` plus a token-id corpus for the retrieval drafter (random ids and a repeated
-    pattern that the suites' repetitive prompts share) and untrained EAGLE, Medusa, Hydra, Clover and
+    pattern that the suites' repetitive prompts share) and untrained EAGLE, Medusa, Hydra, Clover, PPD and
     distilled drafter packages for `greedy_target()`."""
     path = tmp_path_factory.mktemp("retrieval") / "corpus.npy"
     rng = np.random.default_rng(0)
@@ -74,9 +75,11 @@ def drafter_options(tmp_path_factory):
     dlm = save_diffusion_drafter(tmp_path_factory.mktemp("diffuspec") / "dlm", greedy_target().config.vocab_size)
     distilled = distilled_package(greedy_target(), tmp_path_factory.mktemp("distilled") / "drafter")
     clover = clover_package(greedy_target(), tmp_path_factory.mktemp("clover") / "drafter")
+    ppd = ppd_package(greedy_target(), tmp_path_factory.mktemp("ppd") / "drafter")
     return {**DRAFTER_OPTIONS, "retrieval": {"corpus": str(path)}, "eagle": {"path": eagle}, **heads,
             "first": {"router": router}, "diffuspec": {"model": str(dlm), "num_tokens": 4},
-            "distilled": {"path": distilled, "num_tokens": 3}, "clover": {"path": clover}}
+            "distilled": {"path": distilled, "num_tokens": 3}, "clover": {"path": clover},
+            "ppd": {"path": ppd}}
 
 
 @pytest.fixture(scope="session")

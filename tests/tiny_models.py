@@ -159,6 +159,24 @@ def heads_package(target: Transformer, directory, kind: str, *, seed: int = 0, s
     return str(package.save(directory))
 
 
+def ppd_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3, num_prompts: int = 3) -> str:
+    """An untrained PPD package for `target`: the mean-embedding prompts plus noise of `std`, a draft
+    vocabulary of all but the last eighth of the tokens, a 6-node static tree; saved in `directory`."""
+    from warpdecode.models.drafter_package import DrafterPackage
+    from warpdecode.models.ppd import PromptTokens
+
+    torch.manual_seed(seed)
+    vocab = target.config.vocab_size - target.config.vocab_size // 8
+    net = PromptTokens(target.config.d_model, vocab, num_prompts)
+    net.init_from_target(target, torch.arange(vocab))
+    with torch.no_grad():
+        net.prompts.add_(torch.randn_like(net.prompts) * std * float(net.prompts.norm(dim=-1).mean()))
+    tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
+    config = {"draft_vocab_size": vocab, "num_prompts": num_prompts}
+    package = DrafterPackage("ppd", DrafterPackage.describe_target(target, "tiny"), config, net.trainable_state(), tree, {})
+    return str(package.save(directory))
+
+
 def oracle_heads_package(directory, kind: str) -> tuple[Transformer, str]:
     """A target whose greedy token after x is always π(x) = (5x + 3) mod 64, whatever came before (one
     block whose attention and MLP add nothing, one-hot embeddings, an LM head that permutes), and

@@ -62,7 +62,7 @@ def test_greedy_identity_draft_tree(target, prompt, single_thread):
     check_greedy_identity(target, "draft_model", TREE_OPTIONS, prompt)
 
 
-@pytest.mark.parametrize("name", ["medusa", "hydra", "eagle", "clover"])
+@pytest.mark.parametrize("name", ["medusa", "hydra", "eagle", "clover", "ppd"])
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
 @pytest.mark.parametrize("scale", [True, False], ids=["scaled", "full"])
 def test_greedy_identity_learned_drafter_with_prompt_lookup(target, name, prompt, scale, drafter_options, single_thread):

@@ -83,8 +83,9 @@ def run(
         t1 = time.perf_counter()
         tree_start = cache.lengths.clone()
         tokens, positions, mask = tree.verify_inputs(pending, int(tree_start[0]))
-        out = target(tokens.to(device), positions.to(device), cache, None if tree.size == 0 else mask,
-                     hidden_layers=hidden_layers)
+        tokens = tokens.to(device)
+        out = target(tokens, positions.to(device), cache, None if tree.size == 0 else mask,
+                     hidden_layers=hidden_layers, inputs_embeds=tree.verify_embeds(target.embed, tokens))
         candidates = tree.verified()
         logits = out.logits[0, : candidates.size + 1]  # (n+1, V): after the pending token, then after each candidate
         if sampler.penalties:

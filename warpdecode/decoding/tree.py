@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class DraftTree:
     auxiliary: int = 0
     """The last `auxiliary` nodes ride along in the verify forward for the drafter's own use (e.g.
     lookahead's Jacobi window) and are never verified or accepted; see `verified`."""
+    auxiliary_embeds: Tensor | None = None
+    """(auxiliary, C) input embeddings the auxiliary nodes run with instead of their tokens'
+    (trained prompt tokens outside the vocabulary: PPD); their `tokens` are then placeholders."""
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
@@ -41,6 +44,9 @@ class DraftTree:
             raise ValueError(f"parents must precede their children (topological order), got {self.parents.tolist()}")
         if self.draft_probs is not None and self.draft_probs.shape[0] != n:
             raise ValueError(f"draft_probs {tuple(self.draft_probs.shape)} must have one row per node ({n})")
+        if self.auxiliary_embeds is not None and (self.auxiliary_embeds.dim() != 2
+                                                  or self.auxiliary_embeds.shape[0] != self.auxiliary):
+            raise ValueError(f"auxiliary_embeds {tuple(self.auxiliary_embeds.shape)} must be ({self.auxiliary}, C)")
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -132,3 +138,12 @@ class DraftTree:
         depths = torch.cat([torch.zeros(1, dtype=torch.int64), self.depths()])
         tokens = torch.cat([torch.tensor([pending]), self.tokens])
         return tokens[None], (start + depths)[None], mask[None]
+
+    def verify_embeds(self, embed: nn.Embedding, tokens: Tensor) -> Tensor | None:
+        """(1, N+1, C) block inputs of the verify forward over `tokens` (1, N+1) (`verify_inputs`): the
+        token embeddings with `auxiliary_embeds` in the auxiliary rows; None when there are none."""
+        if self.auxiliary_embeds is None:
+            return None
+        x = embed(tokens)
+        x[0, x.shape[1] - self.auxiliary :] = self.auxiliary_embeds.to(x.dtype)
+        return x

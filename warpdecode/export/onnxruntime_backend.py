@@ -115,9 +115,14 @@ class OnnxRuntimeBackbone:
         attention_mask: Tensor | None = None,
         hidden_layers: Sequence[int] = (),
         logits_slice: slice | None = None,
+        inputs_embeds: Tensor | None = None,
     ) -> BackboneOutput:
         """Same contract as `Transformer.forward` (tokens (B, T) int64, positions (B, T), a bool tree
-        mask over the new tokens); hidden states only for the layers the graph was exported with."""
+        mask over the new tokens); hidden states only for the layers the graph was exported with;
+        token ids only (`inputs_embeds` raises `CapabilityError`)."""
+        if inputs_embeds is not None:
+            raise CapabilityError("the exported step graph takes token ids, not input embeddings "
+                                  "(inputs_embeds): run this method on the torch backend")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
         B, T = tokens.shape

@@ -32,8 +32,11 @@ class Backbone(Protocol):
         attention_mask: Tensor | None = None,
         hidden_layers: Sequence[int] = (),
         logits_slice: slice | None = None,
+        inputs_embeds: Tensor | None = None,
     ) -> BackboneOutput:
-        """Run `T` new tokens per row; see `Transformer.forward` for the argument shapes."""
+        """Run `T` new tokens per row; see `Transformer.forward` for the argument shapes.
+        `inputs_embeds` (rows that are not vocabulary tokens) is PyTorch-only: the exported step
+        graphs take token ids and raise `CapabilityError` for it."""
         ...
 
     def head(self, x: Tensor) -> Tensor:

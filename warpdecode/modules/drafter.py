@@ -121,12 +121,20 @@ class DrafterModule(FrozenTarget, LightningModule):
     def ranks_of(self, logits: Tensor, batch: dict[str, Tensor], ahead: int) -> Tensor:
         """(B, n) rank of x_{i+ahead} among `logits` (B, n, N) at each start i (n = T - 1)."""
         tokens, lengths = batch["tokens"], batch["lengths"]
-        if self.index is None or self.index.device != tokens.device:
-            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
         B, n = logits.shape[:2]
         position = torch.arange(n, device=tokens.device)[None] + ahead  # (1, n)
-        labels = torch.where(position < lengths[:, None], self.index[shift_left(tokens, ahead, n)], -1)  # (B, n)
+        labels = torch.where(position < lengths[:, None], self.draft_labels(shift_left(tokens, ahead, n)), -1)  # (B, n)
         return label_ranks(logits.flatten(0, 1).float(), labels.flatten(), self.hparams["max_rank"]).view(B, n)
+
+    def draft_labels(self, tokens: Tensor) -> Tensor:
+        """Draft-vocabulary index of each target token id of `tokens` (any shape), -1 outside it."""
+        if self.index is None or self.index.device != tokens.device:
+            self.index = vocab_index(self.net.draft_vocab, self.target.config.vocab_size)
+        return self.index[tokens]
+
+    def evaluate(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Validation: the loss and the (M, D) ranks (`ranks`) of one batch."""
+        return self.loss(batch)[0], self.ranks(batch)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, parts = self.loss(batch)
@@ -145,9 +153,9 @@ class DrafterModule(FrozenTarget, LightningModule):
             self.val_ranks.reset()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        loss, _ = self.loss(batch)
+        loss, ranks = self.evaluate(batch)
         self.log("val/loss", loss, prog_bar=True, batch_size=batch["tokens"].shape[0])
-        self.val_ranks.update(self.ranks(batch))
+        self.val_ranks.update(ranks)
 
     def on_validation_epoch_end(self) -> None:
         ranks = self.val_ranks.matrix().cpu()

@@ -44,12 +44,13 @@ from warpdecode.modules.judge import JudgeModule
 from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
 from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.modules.parallel_filter import ParallelFilterModule
+from warpdecode.modules.ppd import PPDDrafter
 from warpdecode.progress import ProgressLines, log_line, no_terminal
 
 # Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
 REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CloverDrafter, CorpusDataModule,
               DistilledDraftDrafter, EagleDrafter, HydraDrafter, JudgeDataModule, JudgeModule, MaskedDiffusionLM,
-              MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, SelfDecodedTasksDataModule,
+              MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, PPDDrafter, SelfDecodedTasksDataModule,
               SelfDistillDataModule, TrajectoryDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")
 DEFAULT_SEED = 0

@@ -231,13 +231,18 @@ class PackagedDrafter(ABC, Generic[NetT]):
     def fastest_size(self, stored: int) -> int:
         """`num_nodes=auto`: the size of the stored tree with the most expected tokens per second on
         this machine, from the package's validation curve τ(n) and the target's measured verify latency."""
-        assert self.package is not None and self.checked is not None
+        assert self.checked is not None
+        curve = self.validation_curve(stored)
+        return choose_nodes(curve, verify_seconds(self.checked, len(curve) + 1))
+
+    def validation_curve(self, stored: int) -> list[float]:
+        """τ(n) of the stored tree cut to n = 1..`stored` nodes, measured on the validation set."""
+        assert self.package is not None
         curve = self.package.training.get("val_tau_by_nodes")
         if not curve:
             raise ConfigError(f"{self.path} records no validation τ per tree size (val_tau_by_nodes); "
                               "give num_nodes, or retrain the drafter with validation")
-        curve = curve[:stored]
-        return choose_nodes(curve, verify_seconds(self.checked, len(curve) + 1))
+        return list(curve[:stored])
 
     def max_depth(self, net: NetT) -> int | None:
         """The deepest draft `net` can make; None when unbounded."""
