@@ -4,10 +4,12 @@ import json
 import shutil
 
 import pytest
+from tiny_models import ppd_package
 
 from warpdecode.bench.harness import BenchConfig, run_bench
 from warpdecode.bench.prompts import BenchPrompt
 from warpdecode.cli import main
+from warpdecode.models.checkpoint import load_pretrained
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -95,6 +97,21 @@ def test_bench_runs_every_method_on_every_backend(package):
     identical = {m.row: m.identical for m in result.measurements}
     assert identical["none@onnxruntime"] and identical["prompt_lookup@onnxruntime"]
     assert "--package" in config.command() and "--backends onnxruntime,onnxruntime-int4" in config.command()
+
+
+def test_bench_lists_what_a_backend_cannot_run_as_not_run(package, tiny_model_dir, tmp_path):
+    """PPD's prompt rows are input embeddings: its row runs on torch and is listed, with the reason, for ONNX Runtime."""
+    model, _ = load_pretrained(tiny_model_dir)
+    ppd = ppd_package(model, tmp_path / "ppd")
+    config = BenchConfig(package=str(package), backends="torch,onnxruntime", peers="none", max_new_tokens=6,
+                         warmup_tokens=0)
+    result = run_bench(config, methods=f"none,ppd:path={ppd}", prompts=[BenchPrompt("p", "code", "print(", None)],
+                       progress=False)
+    labels = [r.label for r in result.rows]
+    assert labels[0] == "none" and labels[1].startswith("ppd") and labels[2:] == ["none@onnxruntime"]
+    (skipped, reason), = result.skipped_rows.items()
+    assert skipped == f"{labels[1]}@onnxruntime" and "use the torch backend" in reason
+    assert all(m.identical for m in result.measurements)
 
 
 def test_a_packaged_judge_needs_no_path(tiny_model_dir, tmp_path, capsys):

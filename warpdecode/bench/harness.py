@@ -23,6 +23,7 @@ from warpdecode.bench.machine import PeakRSS, load_average, machine_info
 from warpdecode.bench.prompts import BenchPrompt, load_prompts
 from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
+from warpdecode.decoding.engine import Method
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
@@ -272,6 +273,27 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
     return built, skipped
 
 
+def _prepared_methods(runs: list[tuple[MethodSpec, str]], backbones: dict[str, Backbone],
+                      sampling: bool) -> tuple[dict[str, Method], dict[str, str]]:
+    """Each run's method, prepared for its backend (outside any timed decode), and the rows whose
+    method cannot run on their backend (`CapabilityError`, e.g. PPD's input embeddings on an ONNX
+    Runtime graph) with the reason; the baseline must run."""
+    built: dict[str, Method] = {}
+    unsupported: dict[str, str] = {}
+    for spec, backend in runs:
+        label, method = row_label(spec, backend), spec.build(do_sample=sampling)
+        try:
+            method.drafter.prepare(backbones[backend])
+            method.verifier.prepare(backbones[backend])
+        except CapabilityError as e:
+            if spec.label == BASELINE:
+                raise
+            unsupported[label] = f"{type(e).__name__}: {e}"
+            continue
+        built[label] = method
+    return built, unsupported
+
+
 def run_bench(
     config: BenchConfig | None = None,
     *,
@@ -316,7 +338,8 @@ def run_bench(
                           f"minus --max-new-tokens {config.max_new_tokens}")
     # torch runs the baseline even when only other backends were asked for
     runs = [(s, b) for b in dict.fromkeys([TORCH] + backends) for s in specs if b in backends or s.label == BASELINE]
-    built_methods = {row_label(s, b): s.build(do_sample=sampling) for s, b in runs}
+    built_methods, unsupported = _prepared_methods(runs, backbones, sampling)
+    runs = [(s, b) for s, b in runs if row_label(s, b) in built_methods]
     if package is None:
         peer_models, skipped_rows = _peer_rows(config, specs, resolve(config.model))
     else:  # the peers load the package's weights from a temporary checkpoint
@@ -324,6 +347,7 @@ def run_bench(
             if config.peers != "none":
                 save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
             peer_models, skipped_rows = _peer_rows(config, specs, Path(tmp))
+    skipped_rows = unsupported | skipped_rows
     rows = [RowInfo(row_label(s, b), "warpdecode", built_methods[row_label(s, b)].verifier.lossless
                     and b not in LOSSY_BACKENDS, s.options, b) for s, b in runs]
     rows += [RowInfo(label, "transformers", True, peer_lib.describe(p.generate_kwargs)) for label, p in peer_models.items()]

@@ -37,7 +37,7 @@ class PPDDrafter(DrafterModule):
         target: str = DEFAULT_MODEL,
         draft_vocab_size: int = 8192,
         num_prompts: int = 3,
-        starts_per_sequence: int = 16,
+        starts_per_sequence: int = 64,
         depth_decay: float = 0.8,
         lr: float = 1e-2,
         min_lr_ratio: float = 0.1,

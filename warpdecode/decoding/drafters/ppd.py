@@ -69,6 +69,8 @@ class PPDDraft(PackagedDrafter[PromptTokens]):
         """Node (-1: the pending token) → tree index of the first prompt row of its group, in `sent`."""
         self.group_rows = 0
         """Prompt rows per group in `sent`."""
+        self.width = 1
+        """Candidates ranked per prompt row: one more than the shape's largest rank."""
 
     def build(self, target: Backbone, config: dict[str, Any]) -> PromptTokens:
         return PromptTokens(target.config.d_model, config["draft_vocab_size"], config["num_prompts"])
@@ -82,6 +84,7 @@ class PPDDraft(PackagedDrafter[PromptTokens]):
                                   "exported step graph does not take: use the torch backend")
         super().prepare(target)
         self.needs_hidden_states = ()  # the guesses are the target's own logits
+        self.width = ShapeLayout.of(self.shape).width
 
     def start(self, state: DecodeState) -> None:
         self.guesses, self.sent, self.groups, self.group_rows = [], None, {}, 0
@@ -152,4 +155,4 @@ class PPDDraft(PackagedDrafter[PromptTokens]):
         if first is None:
             return
         rows = logits[1 + first : 1 + first + self.group_rows, net.draft_vocab]  # (group, N): forward row = tree index + 1
-        self.guesses = ranked_tokens(rows, net.draft_vocab, ShapeLayout.of(self.shape).width if self.shape else 1)
+        self.guesses = ranked_tokens(rows, net.draft_vocab, self.width)
