@@ -54,6 +54,19 @@ def naive_greedy(model, ids: list[int], n: int) -> list[int]:
     return seq[len(ids):]
 
 
+def pattern_batch(vocab_size: int) -> dict[str, torch.Tensor]:
+    """A self-distillation batch of two right-padded sequences (lengths 14 and 10) repeating a short
+    pattern, answers after 4 tokens: `tokens`, `answer_mask`, `lengths`."""
+    torch.manual_seed(1)
+    pattern = torch.randint(0, vocab_size, (5,))
+    tokens = torch.zeros(2, 14, dtype=torch.int64)
+    tokens[0] = pattern.repeat(3)[:14]
+    tokens[1, :10] = pattern.roll(2).repeat(2)
+    lengths = torch.tensor([14, 10])
+    answer = (torch.arange(14)[None] >= 4) & (torch.arange(14)[None] < lengths[:, None])
+    return {"tokens": tokens, "answer_mask": answer, "lengths": lengths}
+
+
 def tv(samples: list[int], probs: torch.Tensor) -> float:
     """Total variation distance between the empirical distribution of `samples` and `probs` (V,)."""
     freq = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double() / len(samples)

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 import yaml
+from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningModule, Trainer
 
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.modules.drafter import DrafterModule
 
 
 @pytest.fixture
@@ -141,3 +143,19 @@ def accepted_on_training_prompts(tiny_model_dir: Path, self_distill_data: SelfDi
         return total
 
     return accepted
+
+
+@pytest.fixture
+def drafter_recipe(tiny_model_dir: Path):
+    """`recipe(name, **init_args)`: configs/drafters/<name>.yaml and its model, built by jsonargparse as
+    `warpdecode fit` builds it, for the tiny target (`init_args` override the recipe's)."""
+
+    def recipe(name: str, **init_args: Any) -> tuple[dict[str, Any], DrafterModule]:
+        config = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / f"{name}.yaml").read_text())
+        model = config["model"]
+        model["init_args"] |= {"target": str(tiny_model_dir)} | init_args
+        parser = ArgumentParser()
+        parser.add_subclass_arguments(DrafterModule, "model")
+        return config, parser.instantiate_classes(parser.parse_object({"model": model})).model
+
+    return recipe

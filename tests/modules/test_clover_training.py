@@ -3,17 +3,13 @@ raises acceptance and writes a package that decodes losslessly."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
-from jsonargparse import ArgumentParser
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.clover import CloverDrafter
-from warpdecode.modules.drafter import DrafterModule, frequent_tokens
+from warpdecode.modules.drafter import frequent_tokens
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -64,12 +60,7 @@ def test_bad_hyperparameters_are_refused(tiny_model_dir):
         CloverDrafter(target=str(tiny_model_dir), steps=0)
 
 
-def test_the_recipe_names_the_drafter_and_its_arguments(tiny_model_dir):
-    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / "clover.yaml").read_text())
-    model = recipe["model"]
-    model["init_args"]["target"] = str(tiny_model_dir)
-    parser = ArgumentParser()
-    parser.add_subclass_arguments(DrafterModule, "model")
-    module = parser.instantiate_classes(parser.parse_object({"model": model})).model
+def test_the_recipe_names_the_drafter_and_its_arguments(drafter_recipe):
+    recipe, module = drafter_recipe("clover")
     assert type(module) is CloverDrafter and module.hparams["steps"] == 4
     assert recipe["data"]["init_args"]["features"]

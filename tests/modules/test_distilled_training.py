@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from jsonargparse import ArgumentParser
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.distilled_draft import DistilledDraftDrafter
-from warpdecode.modules.drafter import DrafterModule, frequent_tokens
+from warpdecode.modules.drafter import frequent_tokens
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -107,14 +105,8 @@ def test_bad_hyperparameters_are_refused(tiny_model_dir):
         DistilledDraftDrafter(target=str(tiny_model_dir), num_layers=3)
 
 
-def test_the_recipe_names_the_drafter_and_its_arguments(tiny_model_dir):
-    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / "distilled.yaml").read_text())
-    model = recipe["model"]
-    model["init_args"]["target"] = str(tiny_model_dir)
-    model["init_args"]["num_layers"] = 2  # the tiny target has 2 blocks
-    parser = ArgumentParser()
-    parser.add_subclass_arguments(DrafterModule, "model")
-    module = parser.instantiate_classes(parser.parse_object({"model": model})).model
+def test_the_recipe_names_the_drafter_and_its_arguments(drafter_recipe):
+    recipe, module = drafter_recipe("distilled", num_layers=2)  # the tiny target has 2 blocks
     assert type(module) is DistilledDraftDrafter
     assert module.init_layers == [0, 1] and module.net.config.n_layer == 2
     assert recipe["data"]["init_args"]["features"]

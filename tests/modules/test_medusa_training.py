@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from jsonargparse import ArgumentParser
+from tiny_models import pattern_batch
 from torch import Tensor
 
 from warpdecode.decoding.generate import build_method, generate
@@ -24,16 +23,8 @@ DRAFTERS = {"medusa": MedusaDrafter, "hydra": HydraDrafter}
 
 
 def make_batch(vocab_size: int, with_features_of: FutureHeadsDrafter | None = None) -> dict[str, Tensor]:
-    """Two right-padded sequences (lengths 14 and 10) repeating a short pattern, answers after 4 tokens."""
-    torch.manual_seed(1)
-    pattern = torch.randint(0, vocab_size, (5,))
-    tokens = torch.zeros(2, 14, dtype=torch.int64)
-    tokens[0] = pattern.repeat(3)[:14]
-    tokens[1, :10] = pattern.roll(2).repeat(2)
-    lengths = torch.tensor([14, 10])
-    answer = torch.arange(14)[None] >= 4
-    answer = answer & (torch.arange(14)[None] < lengths[:, None])
-    batch = {"tokens": tokens, "answer_mask": answer, "lengths": lengths}
+    """`pattern_batch`, with the target features of `with_features_of` when given."""
+    batch = pattern_batch(vocab_size)
     if with_features_of is not None:
         batch["features"] = with_features_of.features(batch)
     return batch
@@ -165,13 +156,8 @@ def test_bad_hyperparameters_are_refused(tiny_model_dir):
 
 
 @pytest.mark.parametrize("kind", DRAFTERS)
-def test_recipes_name_the_drafter_and_its_arguments(kind, tiny_model_dir):
-    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / f"{kind}.yaml").read_text())
-    model = recipe["model"]
-    model["init_args"]["target"] = str(tiny_model_dir)
-    parser = ArgumentParser()
-    parser.add_subclass_arguments(FutureHeadsDrafter, "model")
-    module = parser.instantiate_classes(parser.parse_object({"model": model})).model
+def test_recipes_name_the_drafter_and_its_arguments(kind, drafter_recipe):
+    recipe, module = drafter_recipe(kind)
     assert type(module) is DRAFTERS[kind]
     assert module.net.num_heads == 4 and module.net.num_layers == {"medusa": 1, "hydra": 2}[kind]
     assert recipe["data"]["init_args"]["features"]

@@ -8,29 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from jsonargparse import ArgumentParser
+from tiny_models import pattern_batch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.drafter import DrafterModule, frequent_tokens
+from warpdecode.modules.drafter import frequent_tokens
 from warpdecode.modules.ppd import PPDDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def make_batch(vocab_size: int) -> dict[str, Tensor]:
-    """Two right-padded sequences (lengths 14 and 10) repeating a short pattern, answers after 4 tokens."""
-    torch.manual_seed(1)
-    pattern = torch.randint(0, vocab_size, (5,))
-    tokens = torch.zeros(2, 14, dtype=torch.int64)
-    tokens[0] = pattern.repeat(3)[:14]
-    tokens[1, :10] = pattern.roll(2).repeat(2)
-    lengths = torch.tensor([14, 10])
-    answer = (torch.arange(14)[None] >= 4) & (torch.arange(14)[None] < lengths[:, None])
-    return {"tokens": tokens, "answer_mask": answer, "lengths": lengths}
 
 
 def drafter(target: Path, **kwargs) -> PPDDrafter:
@@ -42,7 +29,7 @@ def drafter(target: Path, **kwargs) -> PPDDrafter:
 
 def test_starts_are_answer_positions_with_a_token_two_ahead(tiny_model_dir):
     module = drafter(tiny_model_dir, max_rank=4)
-    batch = make_batch(64)
+    batch = pattern_batch(64)
     starts, real = module.sample_starts(batch, torch.Generator().manual_seed(0))
     assert starts.shape == real.shape == (2, 4) and bool(real.all())
     for b, length in enumerate(batch["lengths"].tolist()):
@@ -55,7 +42,7 @@ def test_starts_are_answer_positions_with_a_token_two_ahead(tiny_model_dir):
 
 def test_loss_falls_towards_the_target_entropy_and_only_the_prompts_learn(tiny_model_dir):
     module = drafter(tiny_model_dir)
-    batch = make_batch(64)
+    batch = pattern_batch(64)
     generator = torch.Generator().manual_seed(0)
     starts, real = module.sample_starts(batch, generator)
     valid = module.labelled(batch, starts, real)
@@ -87,7 +74,7 @@ def test_loss_falls_towards_the_target_entropy_and_only_the_prompts_learn(tiny_m
 def test_ranks_score_each_prompt_row_after_the_true_context(tiny_model_dir):
     module = drafter(tiny_model_dir, max_rank=8)
     module.net.prompts.add_(torch.randn_like(module.net.prompts))
-    batch = make_batch(64)
+    batch = pattern_batch(64)
     _, ranks = module.evaluate(batch)
     _, again = module.evaluate(batch)
     assert torch.equal(ranks, again)  # validation starts are the same every time
@@ -157,12 +144,7 @@ def test_bad_hyperparameters_are_refused(tiny_model_dir):
         PPDDrafter(target=str(tiny_model_dir), depth_decay=1.5)
 
 
-def test_the_recipe_names_the_drafter_and_its_arguments(tiny_model_dir):
-    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / "ppd.yaml").read_text())
-    model = recipe["model"]
-    model["init_args"]["target"] = str(tiny_model_dir)
-    parser = ArgumentParser()
-    parser.add_subclass_arguments(DrafterModule, "model")
-    module = parser.instantiate_classes(parser.parse_object({"model": model})).model
+def test_the_recipe_names_the_drafter_and_its_arguments(drafter_recipe):
+    recipe, module = drafter_recipe("ppd")
     assert type(module) is PPDDrafter and module.net.num_prompts == 3
     assert recipe["data"]["init_args"]["features"]  # shares the other recipes' cached answers
