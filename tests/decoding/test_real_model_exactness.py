@@ -14,6 +14,7 @@ from tiny_models import (
     eagle_package,
     heads_package,
     layer_router_package,
+    ppd_package,
     save_diffusion_drafter,
 )
 
@@ -56,7 +57,7 @@ def retrieval_corpus(smollm2, tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def learned_drafters(smollm2, tmp_path_factory):
-    """Untrained EAGLE, Medusa, Hydra, Clover and distilled packages, a fixed-decision layer router and a random
+    """Untrained EAGLE, Medusa, Hydra, Clover, PPD and distilled packages, a fixed-decision layer router and a random
     diffusion drafter with the target's tokenizer for the real target (exactness needs no training)."""
     root = tmp_path_factory.mktemp("learned")
     REAL_OPTIONS["eagle"] = {"path": eagle_package(smollm2.model, root / "eagle")}
@@ -70,9 +71,10 @@ def learned_drafters(smollm2, tmp_path_factory):
                                                            init_layers=(0, 14, 29), vocab=8192)}
     DISTILLED_INT4["path"] = REAL_OPTIONS["distilled"]["path"]
     REAL_OPTIONS["clover"] = {"path": clover_package(smollm2.model, root / "clover", std=0.02)}
+    REAL_OPTIONS["ppd"] = {"path": ppd_package(smollm2.model, root / "ppd")}
     HYDRA_LOOKUP["path"] = REAL_OPTIONS["hydra"]["path"]
     yield
-    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec", "distilled", "clover"):
+    for kind in ("eagle", "medusa", "hydra", "first", "diffuspec", "distilled", "clover", "ppd"):
         del REAL_OPTIONS[kind]
     del DISTILLED_INT4["path"], HYDRA_LOOKUP["path"]
 

@@ -70,12 +70,20 @@ def test_unexported_hidden_state_is_refused(backbones):
         ort(torch.tensor([[1, 2]]), hidden_layers=(2,))
 
 
+TORCH_ONLY = {"ppd"}
+"""Drafters whose auxiliary rows are input embeddings, which the exported step graph does not take."""
+
+
 @pytest.mark.parametrize("name", registry.names("drafter"))
 def test_every_drafter_is_greedy_identical_on_onnxruntime(backbones, name, drafter_options):
     ort, reference = backbones
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-    out = generate(ort, None, prompt, max_new_tokens=20, stop_at_eos=False,
-                   method=build_method(name, options=drafter_options.get(name, {})))
+    method = build_method(name, options=drafter_options.get(name, {}))
+    if name in TORCH_ONLY:
+        with pytest.raises(CapabilityError, match="use the torch backend"):
+            generate(ort, None, prompt, max_new_tokens=20, stop_at_eos=False, method=method)
+        return
+    out = generate(ort, None, prompt, max_new_tokens=20, stop_at_eos=False, method=method)
     assert out.token_ids == naive_greedy(reference, prompt, 20)
 
 

@@ -188,9 +188,12 @@ def quantize(graph: Path, out: Path, kind: str) -> None:
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         if kind == "int8":
-            # DefaultTensorType: shape inference gives no types for the fused graph's contrib operators' outputs
+            # DefaultTensorType: shape inference gives no types for the fused graph's contrib operators' outputs.
+            # Unsigned weights: with signed ones, x86 CPUs without VNNI multiply u8 × s8 pairs with a
+            # saturating instruction (VPMADDUBSW), which wrecked the default model's int8 graph on an
+            # AVX2-only EPYC (top-1 agreement 0.0); u8 × u8 has no saturation, on every CPU.
             quantize_dynamic(folded, out, op_types_to_quantize=["MatMul"], per_channel=True,
-                             weight_type=QuantType.QInt8, use_external_data_format=True,
+                             weight_type=QuantType.QUInt8, use_external_data_format=True,
                              extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         else:
             _quantize_int4(folded, out)
