@@ -91,6 +91,10 @@ class PPDDrafter(DrafterModule):
         picked = scores.topk(S, dim=1)
         return picked.indices, picked.values >= 0
 
+    def scored(self, starts: Tensor) -> Tensor:
+        """(B, S, K) position t + 1 + j of the token prompt j of the group at each start t scores."""
+        return starts[:, :, None] + 1 + torch.arange(1, self.net.num_prompts + 1, device=starts.device)
+
     def prompt_logits(self, batch: dict[str, Tensor], starts: Tensor) -> tuple[Tensor, Tensor]:
         """Prompt logits (B, S, K, N) of the groups after `starts` (B, S), and the target's own
         distribution (B, S, K, N) over the draft vocabulary of the token each one scores."""
@@ -109,16 +113,14 @@ class PPDDrafter(DrafterModule):
         logits = head(h[:, T:].to(head.weight.dtype)).view(B, S, K, -1)
         with torch.no_grad():
             # Context row t+j predicts x_{t+1+j}, the token prompt j of the group at t scores.
-            rows = (starts[:, :, None] + torch.arange(1, K + 1, device=starts.device)).clamp_max(T - 1)  # (B, S, K)
+            rows = (self.scored(starts) - 1).clamp_max(T - 1)  # (B, S, K)
             features = h[:, :T].gather(1, rows.view(B, S * K, 1).expand(-1, -1, h.shape[-1]))
             teacher = head(features.to(head.weight.dtype)).float().softmax(-1).view(B, S, K, -1)
         return logits, teacher
 
     def labelled(self, batch: dict[str, Tensor], starts: Tensor, real: Tensor) -> Tensor:
         """(B, S, K) bool: prompt j of the group at t scores a token of the row (t + 1 + j < length)."""
-        K = self.net.num_prompts
-        ahead = starts[:, :, None] + 1 + torch.arange(1, K + 1, device=starts.device)  # (B, S, K)
-        return real[:, :, None] & (ahead < batch["lengths"][:, None, None])
+        return real[:, :, None] & (self.scored(starts) < batch["lengths"][:, None, None])
 
     def distillation_loss(self, logits: Tensor, teacher: Tensor, valid: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         ce = -(teacher * logits.float().log_softmax(-1)).sum(-1)  # (B, S, K)
@@ -151,8 +153,7 @@ class PPDDrafter(DrafterModule):
         """(M, K) rank of x_{t+1+j} in prompt j's logits (B, S, K, N), for the M real starts."""
         tokens = batch["tokens"]
         B, S, K, _ = logits.shape
-        ahead = starts[:, :, None] + 1 + torch.arange(1, K + 1, device=tokens.device)  # (B, S, K)
-        truth = tokens.gather(1, ahead.clamp_max(tokens.shape[1] - 1).view(B, S * K)).view(B, S, K)
+        truth = tokens.gather(1, self.scored(starts).clamp_max(tokens.shape[1] - 1).view(B, S * K)).view(B, S, K)
         labels = torch.where(self.labelled(batch, starts, real), self.draft_labels(truth), -1)
         ranks = label_ranks(logits.flatten(0, 2).float(), labels.flatten(), self.hparams["max_rank"])
         return ranks.view(B, S, K)[real]
