@@ -50,7 +50,7 @@ def naive_greedy(model, ids: list[int], n: int) -> list[int]:
     seq = list(ids)
     with torch.inference_mode():
         for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+            seq.append(int(model(torch.tensor([seq], device=model.embed.weight.device)).logits[0, -1].argmax()))
     return seq[len(ids):]
 
 

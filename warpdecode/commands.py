@@ -66,7 +66,8 @@ def generate(
         backend: torch, onnxruntime (the fused graph on the CPU where the package has one),
             onnxruntime-portable (the standard-ONNX step graph), or onnxruntime-int8 / -int4 (lossy;
             exported with --quantize); all but torch need --package.
-        device: cpu; with onnxruntime also cuda or tensorrt where ONNX Runtime has those providers.
+        device: cpu, or cuda (a CUDA device such as cuda:1) for --model on torch; with a package's
+            onnxruntime backends also cuda or tensorrt where ONNX Runtime has those providers.
         prompt: the prompt text.
         max_new_tokens: largest number of tokens to generate.
         temperature: 0 for greedy decoding; > 0 samples at this temperature.
@@ -181,12 +182,13 @@ def _load_target(model: str | None, package: Path | None, backend: str, device: 
     """The backbone to run, its tokenizer, the drafter options a package supplies, and the default method."""
     from warpdecode.errors import ConfigError
     from warpdecode.models.checkpoint import load_pretrained
+    from warpdecode.models.device import torch_device
 
     if package is None:
-        if backend != "torch" or device != "cpu":
-            raise ConfigError(f"--backend {backend} --device {device} runs an exported package: add --package DIR "
+        if backend != "torch":
+            raise ConfigError(f"--backend {backend} runs an exported package: add --package DIR "
                               f"(make one with `warpdecode export`)")
-        target, tokenizer = load_pretrained(model or DEFAULT_MODEL)
+        target, tokenizer = load_pretrained(model or DEFAULT_MODEL, device=torch_device(device))
         return target, tokenizer, {}, "none"
     if model is not None:
         raise ConfigError("give --model or --package, not both")
@@ -367,6 +369,7 @@ def bench(
     peers: str = "auto",
     threads: int | None = None,
     warmup_tokens: int = 8,
+    device: str = "cpu",
     out: Path = Path("runs/bench"),
 ) -> None:
     """Benchmark decoding methods side by side on a prompt set; writes results.json, results.md, speedup.png.
@@ -411,6 +414,7 @@ def bench(
         peers: auto (transformers rows when transformers is installed), transformers, or none.
         threads: CPU threads for torch (default: torch's choice); peers run on the same threads.
         warmup_tokens: tokens each method generates once before measuring (0: no warm-up).
+        device: where --model runs on torch, and the transformers peers with it: cpu, or cuda (cuda:N).
         out: output directory.
     """
     from warpdecode.bench.harness import BenchConfig, run_bench
@@ -432,7 +436,7 @@ def bench(
     config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts or "spec_bench", categories=categories,
                          limit=limit, max_new_tokens=max_new_tokens or 64,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, peers=peers, threads=threads,
-                         warmup_tokens=warmup_tokens)
+                         warmup_tokens=warmup_tokens, device=device)
     result = run_bench(config, methods=methods if methods is not None else "none,prompt_lookup")
     paths = write(result, out)
     print(result.table())

@@ -30,6 +30,7 @@ from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
+from warpdecode.models.device import torch_device
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
 
@@ -59,6 +60,8 @@ class BenchConfig:
     peers: str = "auto"
     threads: int | None = None
     warmup_tokens: int = 8
+    device: str = "cpu"
+    """Where `model` runs on torch, and the peers with it: cpu or cuda[:N]."""
 
     def command(self, out: Path | None = None) -> str:
         """The `warpdecode bench` command line that repeats this run."""
@@ -66,7 +69,8 @@ class BenchConfig:
         parts = ["warpdecode bench", source, f"--methods {','.join(self.methods)}",
                  f"--prompts {self.prompts}", f"--max-new-tokens {self.max_new_tokens}"]
         optional = {"categories": self.categories, "limit": self.limit, "temperature": self.temperature or None, "top-k": self.top_k,
-                    "top-p": self.top_p, "threads": self.threads, "peers": None if self.peers == "auto" else self.peers}
+                    "top-p": self.top_p, "threads": self.threads, "peers": None if self.peers == "auto" else self.peers,
+                    "device": None if self.device == "cpu" else self.device}
         parts += [f"--{k} {v}" for k, v in optional.items() if v is not None]
         return " ".join(parts + ([f"--out {out}"] if out is not None else []))
 
@@ -103,7 +107,7 @@ def load_targets(config: BenchConfig, package: InferencePackage | None,
     if package is None:
         if backends != [TORCH]:
             raise ConfigError(f"--backends {','.join(backends)} needs --package (make one with `warpdecode export`)")
-        model, tokenizer = load_pretrained(resolve(config.model))
+        model, tokenizer = load_pretrained(resolve(config.model), device=torch_device(config.device))
         return {TORCH: model}, tokenizer
     return {b: package.backbone(b, threads=config.threads) for b in dict.fromkeys([TORCH] + backends)}, package.tokenizer()
 
@@ -252,7 +256,7 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
     if config.peers == "none":
         return {}, {}
     try:
-        base = peer_lib.TransformersGenerate(model_dir)
+        base = peer_lib.TransformersGenerate(model_dir, device=config.device)
     except CapabilityError as e:
         if config.peers == "auto":
             return {}, {TRANSFORMERS: str(e)}
@@ -266,7 +270,7 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
         defaults = {k: v["default"] for k, v in registry.options(registry.get("drafter", spec.name)).items()}
         label = f"{TRANSFORMERS}/{spec.label}"
         try:
-            built[label] = peer_lib.TransformersGenerate(model_dir, model=base.model,
+            built[label] = peer_lib.TransformersGenerate(model_dir, model=base.model, device=config.device,
                                                          generate_kwargs=equivalent(defaults | spec.options, model_dir))
         except (CapabilityError, OSError, ValueError) as e:
             skipped[label] = f"{type(e).__name__}: {e}"
@@ -309,6 +313,8 @@ def run_bench(
     """
     config = config or BenchConfig()
     backends = parse_backends(config.backends)
+    if config.package and config.device != "cpu":
+        raise ConfigError("bench --package runs on the CPU; --device cuda benchmarks --model on torch")
     package = InferencePackage.load(config.package) if config.package else None
     specs = parse_methods(methods if methods is not None else config.methods,
                           defaults=package.drafter_options() if package else None)
@@ -322,7 +328,7 @@ def run_bench(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
-    machine = machine_info()
+    machine = machine_info(torch_device(config.device))
     sampling = config.temperature > 0
     backbones, tokenizer = load_targets(config, package, backends)
     context = backbones[TORCH].config.max_seq_len

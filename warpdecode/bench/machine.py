@@ -44,7 +44,8 @@ def load_average() -> list[float] | None:
     return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(device: torch.device | None = None) -> dict[str, Any]:
+    """The machine a benchmark ran on; with a CUDA `device`, its GPU's name and memory too."""
     try:
         import transformers
 
@@ -62,7 +63,13 @@ def machine_info() -> dict[str, Any]:
         "load_average": load_average(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": _git_commit(),
-    }
+    } | (_gpu_info(device) if device is not None and device.type == "cuda" else {})
+
+
+def _gpu_info(device: torch.device) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(device)
+    return {"device": str(device), "gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda}
 
 
 def _status_kib(field: str) -> int:

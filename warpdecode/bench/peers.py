@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from warpdecode.errors import CapabilityError
+from warpdecode.models.device import synchronize
 
 
 @dataclass
@@ -27,9 +28,9 @@ class PeerResult:
     seconds: float
 
 
-def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = None) -> Any:
-    """`AutoModelForCausalLM` in fp32 from a model directory; `num_hidden_layers=N` keeps its first N
-    blocks (the weights of the others are not loaded), final norm and head."""
+def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = None, device: str = "cpu") -> Any:
+    """`AutoModelForCausalLM` in fp32 from a model directory, on `device`; `num_hidden_layers=N` keeps
+    its first N blocks (the weights of the others are not loaded), final norm and head."""
     try:
         import transformers
     except ImportError as e:
@@ -37,25 +38,30 @@ def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     overrides = {} if num_hidden_layers is None else {"num_hidden_layers": num_hidden_layers}
-    return transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **overrides).eval()
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **overrides)
+    return model.to(torch.device(device)).eval()
 
 
 class TransformersGenerate:
     """Hugging Face `generate()` (KV cache, fp32) on the same checkpoint directory: greedy by default;
-    `generate_kwargs` select its other modes (prompt lookup, assisted generation)."""
+    `generate_kwargs` select its other modes (prompt lookup, assisted generation); the model and an
+    assistant model run on `device`."""
 
     name = "transformers.generate"
 
-    def __init__(self, model_dir: Path, *, model: Any | None = None, generate_kwargs: dict[str, Any] | None = None) -> None:
-        self.model = load_transformers_model(model_dir) if model is None else model
+    def __init__(self, model_dir: Path, *, model: Any | None = None, device: str = "cpu",
+                 generate_kwargs: dict[str, Any] | None = None) -> None:
+        self.device = torch.device(device)
+        self.model = load_transformers_model(model_dir, device=device) if model is None else model
         self.generate_kwargs = dict(generate_kwargs or {})
+        if "assistant_model" in self.generate_kwargs:
+            self.generate_kwargs["assistant_model"] = self.generate_kwargs["assistant_model"].to(self.device)
 
     @torch.inference_mode()
     def generate(
         self,
         ids: list[int],
         max_new_tokens: int,
-        device: str = "cpu",
         *,
         do_sample: bool = False,
         temperature: float = 1.0,
@@ -70,9 +76,10 @@ class TransformersGenerate:
                 torch.manual_seed(seed)
         start = time.perf_counter()
         out = self.model.generate(
-            torch.tensor([ids], device=device), max_new_tokens=max_new_tokens, pad_token_id=0,
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device), **sampling, **self.generate_kwargs,
+            torch.tensor([ids], device=self.device), max_new_tokens=max_new_tokens, pad_token_id=0,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device), **sampling, **self.generate_kwargs,
         )
+        synchronize(self.device)
         seconds = time.perf_counter() - start
         return PeerResult(token_ids=out[0, len(ids):].tolist(), seconds=seconds)
 

@@ -68,6 +68,7 @@ def markdown(result: BenchResult, out: Path | None = None) -> str:
     rows_skipped += "".join(f"\n- `{row.label}` chose " + ", ".join(f"{k}={v}" for k, v in row.resolved.items())
                             for row in result.rows if row.resolved)
     prompts = result.aggregate("none").prompts
+    gpu = f"GPU {m['gpu']} ({m['device']}, CUDA {m['cuda']}); " if "gpu" in m else ""
     return f"""# Benchmark: {c.prompts}
 
 ```sh
@@ -75,7 +76,7 @@ def markdown(result: BenchResult, out: Path | None = None) -> str:
 ```
 
 Model `{c.model}`, {prompts} prompts, {c.max_new_tokens} new tokens at most, {mode}, {m['torch_threads']} torch
-threads. Machine: {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}, transformers {m['transformers']},
+threads. Machine: {gpu}{m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}, transformers {m['transformers']},
 {m['date']}, load average {_loads(m['load_average'])} at the start and {_loads(m.get('load_average_end'))} at the end;
 wall time {result.wall_seconds:.0f} s.{skipped}{rows_skipped}
 

@@ -23,6 +23,7 @@ import torch
 from warpdecode.bench.peers import TransformersGenerate
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
+from warpdecode.models.device import synchronize, torch_device
 from warpdecode.models.importers.hf import config_from_hf
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
@@ -48,12 +49,9 @@ class Row:
         return self.ours_tokens_per_second / self.peer_tokens_per_second
 
 
-def _timed_ours(model: Transformer, tokenizer: Tokenizer | None, ids: list[int], n: int, device: str) -> tuple[list[int], float]:
-    if device != "cpu":
-        torch.cuda.synchronize()
+def _timed_ours(model: Transformer, tokenizer: Tokenizer | None, ids: list[int], n: int) -> tuple[list[int], float]:
+    synchronize(model.embed.weight.device)
     out = generate(model, tokenizer, ids, max_new_tokens=n)
-    if device != "cpu":
-        torch.cuda.synchronize()
     return out.token_ids, out.stats.seconds
 
 
@@ -74,25 +72,22 @@ def run(args: argparse.Namespace) -> list[Row]:
         model_dir = resolve(args.model)
         model, tokenizer = load_pretrained(model_dir)
         prompts = [encode_prompt(tokenizer, p, chat=None) for p in PROMPTS]
-    model = model.to(args.device).eval()
-    peer = TransformersGenerate(model_dir)
-    peer.model.to(args.device)
+    device = torch_device(args.device)
+    model = model.to(device).eval()
+    peer = TransformersGenerate(model_dir, device=args.device)
 
     def peer_run(ids: list[int]) -> tuple[list[int], float]:
-        if args.device != "cpu":
-            torch.cuda.synchronize()
-        result = peer.generate(ids, args.max_new_tokens, device=args.device)
-        if args.device != "cpu":
-            torch.cuda.synchronize()
+        synchronize(device)
+        result = peer.generate(ids, args.max_new_tokens)
         return result.token_ids, result.seconds
 
-    _timed_ours(model, tokenizer, prompts[0], 8, args.device)  # warm-up both paths
+    _timed_ours(model, tokenizer, prompts[0], 8)  # warm-up both paths
     peer_run(prompts[0])
     rows = []
     for i, ids in enumerate(prompts):
         ours_t, peer_t = [], []
         for _ in range(args.repeats):
-            ours_tokens, seconds = _timed_ours(model, tokenizer, ids, args.max_new_tokens, args.device)
+            ours_tokens, seconds = _timed_ours(model, tokenizer, ids, args.max_new_tokens)
             ours_t.append(len(ours_tokens) / seconds)
             peer_tokens, seconds = peer_run(ids)
             peer_t.append(len(peer_tokens) / seconds)

@@ -88,7 +88,7 @@ def without_replacement(q: Tensor, width: int, generator: torch.Generator | None
     Example: q = [0.5, 0.3, 0.2], draws 1 then 0 → rows [0.5, 0.3, 0.2] and [0.714, 0, 0.286].
     """
     width = min(width, int((q[0] > 0).sum()))
-    gumbel = -torch.log(-torch.log(torch.rand(q.shape[-1], generator=generator).clamp_min(1e-20)))
+    gumbel = -torch.log(-torch.log(torch.rand(q.shape[-1], generator=generator, device=q.device).clamp_min(1e-20)))
     tokens = (q[0].log() + gumbel).topk(width).indices.tolist()
     rows = []
     remaining = q[0].clone()

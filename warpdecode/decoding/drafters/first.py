@@ -40,7 +40,7 @@ def load_layer_router(path: str, target: Backbone) -> tuple[LayerRouter, Drafter
     package.check_target(target)
     router = LayerRouter(package.config["n_layer"], package.config["d_model"])
     router.load_state_dict(package.weights)
-    return router.eval(), package
+    return router.to(target.embed.weight.device).eval(), package
 
 
 @register("drafter", "first")

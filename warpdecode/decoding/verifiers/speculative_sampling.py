@@ -46,7 +46,7 @@ def reject_siblings(p: Tensor, siblings: list[int], tree: DraftTree, tokens: lis
     """
     for child in siblings:
         x = tokens[child]
-        q = tree.draft_probs[child] if tree.draft_probs is not None else None
+        q = tree.draft_probs[child].to(p.device) if tree.draft_probs is not None else None
         qx = float(q[x]) if q is not None else 1.0
         if float(uniforms[child]) * qx < float(p[x]):  # u < p(x) / q(x), without dividing by zero
             return child, p
@@ -99,7 +99,7 @@ class SpeculativeSampling(Verifier):
     def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
                hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         target_probs = sampler.probs(target_logits)  # (N+1, V)
-        uniforms = torch.rand(tree.size, generator=sampler.generator)
+        uniforms = torch.rand(tree.size, generator=sampler.generator, device=target_probs.device)
         return self.rule(tree, target_probs, uniforms, sampler.generator)
 
     def rule(self, tree: DraftTree, target_probs: Tensor, uniforms: Tensor,

@@ -1,0 +1,44 @@
+"""The exactness suite's greedy check and a sampling run for every drafter on a CUDA device (skipped
+without one): tensors the loop creates must follow the target's device."""
+
+import pytest
+import torch
+from tiny_models import greedy_target, naive_greedy
+
+from warpdecode.decoding import registry
+from warpdecode.decoding.generate import build_method, generate
+from warpdecode.errors import CapabilityError
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CPU_ONLY = {"int4_self", "int8_self"}  # torch's weight-only int kernels are CPU kernels
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], list(range(10, 40))]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return greedy_target().to("cuda")
+
+
+@pytest.mark.parametrize("name", sorted(set(registry.names("drafter")) - CPU_ONLY))
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "long"])
+def test_greedy_identity_on_cuda(target, name, prompt, drafter_options):
+    out = generate(target, None, prompt, max_new_tokens=24, stop_at_eos=False,
+                   method=build_method(name, options=drafter_options.get(name, {})))
+    assert out.token_ids == naive_greedy(target, prompt, 24)
+
+
+@pytest.mark.parametrize("name", sorted(set(registry.names("drafter")) - CPU_ONLY))
+def test_sampling_runs_on_cuda_and_repeats_with_its_seed(target, name, drafter_options):
+    def sample():
+        return generate(target, None, PROMPTS[1], max_new_tokens=24, stop_at_eos=False, do_sample=True, seed=3,
+                        method=build_method(name, options=drafter_options.get(name, {}), do_sample=True)).token_ids
+
+    first = sample()
+    assert len(first) == 24 and first == sample()
+
+
+@pytest.mark.parametrize("name", sorted(CPU_ONLY))
+def test_cpu_only_drafters_say_so(target, name):
+    with pytest.raises(CapabilityError, match="CPU only"):
+        generate(target, None, PROMPTS[1], max_new_tokens=4, method=build_method(name))

@@ -1,0 +1,30 @@
+"""The torch device a `--device` name stands for, checked before any model is loaded."""
+
+from __future__ import annotations
+
+import torch
+
+from warpdecode.errors import CapabilityError, ConfigError
+
+
+def torch_device(name: str) -> torch.device:
+    """`cpu`, `cuda` or `cuda:N` as a `torch.device`: ConfigError for another name, CapabilityError
+    when this torch build or machine has no such CUDA device."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {name!r}") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CapabilityError(f"--device {name}: torch {torch.__version__} sees no CUDA device here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CapabilityError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a wall-clock reading includes it (no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
