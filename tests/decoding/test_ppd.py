@@ -130,8 +130,9 @@ def test_sampled_tokens_follow_the_target_after_a_ppd_step(tmp_path):
 
 
 def test_refuses_a_backend_without_input_embeddings_and_bad_options(package):
+    without = type("IdsOnlyBackbone", (), {"accepts_inputs_embeds": lambda self: False})()
     with pytest.raises(CapabilityError, match="torch backend"):
-        PPDDraft(package).prepare(object())
+        PPDDraft(package).prepare(without)
     with pytest.raises(ConfigError, match="attach must be >= 0"):
         PPDDraft(package, attach=-1)
     with pytest.raises(ConfigError, match="at most 3 tokens deep"):

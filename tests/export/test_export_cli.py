@@ -100,18 +100,21 @@ def test_bench_runs_every_method_on_every_backend(package):
 
 
 def test_bench_lists_what_a_backend_cannot_run_as_not_run(package, tiny_model_dir, tmp_path):
-    """PPD's prompt rows are input embeddings: its row runs on torch and is listed, with the reason, for ONNX Runtime."""
+    """PPD's prompt rows are input embeddings: its row runs on torch and on the full-precision graph
+    (its embeds variant, shared with the other rows of that backend), and is listed, with the
+    reason, for a quantised graph."""
     model, _ = load_pretrained(tiny_model_dir)
     ppd = ppd_package(model, tmp_path / "ppd")
-    config = BenchConfig(package=str(package), backends="torch,onnxruntime", peers="none", max_new_tokens=6,
-                         warmup_tokens=0)
+    config = BenchConfig(package=str(package), backends="torch,onnxruntime,onnxruntime-int4", peers="none",
+                         max_new_tokens=6, warmup_tokens=0)
     result = run_bench(config, methods=f"none,ppd:path={ppd}", prompts=[BenchPrompt("p", "code", "print(", None)],
                        progress=False)
     labels = [r.label for r in result.rows]
-    assert labels[0] == "none" and labels[1].startswith("ppd") and labels[2:] == ["none@onnxruntime"]
+    ppd_label = labels[1]
+    assert labels == ["none", ppd_label, "none@onnxruntime", f"{ppd_label}@onnxruntime", "none@onnxruntime-int4"]
     (skipped, reason), = result.skipped_rows.items()
-    assert skipped == f"{labels[1]}@onnxruntime" and "use the torch backend" in reason
-    assert all(m.identical for m in result.measurements)
+    assert skipped == f"{ppd_label}@onnxruntime-int4" and "use the torch backend" in reason
+    assert all(m.identical for m in result.measurements if not m.row.endswith("int4"))
 
 
 def test_a_packaged_judge_needs_no_path(tiny_model_dir, tmp_path, capsys):

@@ -8,12 +8,17 @@ memory through ONNX Runtime's I/O binding; only the graph's own work runs in ONN
 
 A fused graph (`export.fused_graph`, recognised by its `attention_bias` input) writes the new keys
 and values into the bound cache buffer itself; the runtime then only advances the cache.
+
+Given its embeds variant (`export.embeds_graph`), the backbone also takes `inputs_embeds`: the first
+forward that passes them moves it onto that graph for good (the ids session is released, so the
+weights are held once), and from then on token rows are embedded here, with the same table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,25 +63,20 @@ class OnnxRuntimeBackbone:
             from the target's own weights (see `Backbone.torch_model`).
         device: cpu, cuda or tensorrt (ONNX Runtime's execution providers).
         threads: intra-op threads (default: torch's thread count).
+        embeds_graph: the same graph taking input embeddings (`export.embeds_graph`), or None: then
+            `inputs_embeds` raises `CapabilityError`.
     """
 
     def __init__(self, graph: Path, config: ModelConfig, fingerprint: str, hidden_layers: Sequence[int],
                  embed: Tensor, lm_head: Tensor | None = None, *, torch_loader: Callable[[], Transformer] | None = None,
-                 device: str = "cpu", threads: int | None = None) -> None:
-        import onnxruntime as ort
-
+                 device: str = "cpu", threads: int | None = None, embeds_graph: Path | None = None) -> None:
         if device not in PROVIDERS:
             raise CapabilityError(f"onnxruntime device must be one of {', '.join(PROVIDERS)}, got {device!r}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # a provider that fails to load is reported below, not as log noise
-        self.session = ort.InferenceSession(str(graph), options, providers=PROVIDERS[device])
-        active = self.session.get_providers()
-        if active[0] != PROVIDERS[device][0]:
-            raise CapabilityError(f"ONNX Runtime could not load {PROVIDERS[device][0]} here (active: {active}); "
-                                  f"use --device cpu, or install the onnxruntime build for this accelerator")
+        self.device, self.threads = device, threads
+        self.graph, self.embeds_graph = graph, embeds_graph
+        self.takes_embeds = False
+        """True once the session runs `embeds_graph` (every forward then binds block inputs)."""
+        self.session = self._open(graph)
         self.config = config
         self._fingerprint = fingerprint
         self.hidden_layers = tuple(hidden_layers)
@@ -86,6 +86,34 @@ class OnnxRuntimeBackbone:
         self.fused = "attention_bias" in self.names
         self._torch_loader = torch_loader
         self._torch_model: Transformer | None = None
+
+    def _open(self, graph: Path) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads or torch.get_num_threads()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3  # a provider that fails to load is reported below, not as log noise
+        session = ort.InferenceSession(str(graph), options, providers=PROVIDERS[self.device])
+        active = session.get_providers()
+        if active[0] != PROVIDERS[self.device][0]:
+            raise CapabilityError(f"ONNX Runtime could not load {PROVIDERS[self.device][0]} here (active: {active}); "
+                                  f"use --device cpu, or install the onnxruntime build for this accelerator")
+        return session
+
+    def accepts_inputs_embeds(self) -> bool:
+        return self.embeds_graph is not None
+
+    def _switch_to_embeds(self) -> None:
+        """Run the embeds variant from now on (see the module docstring)."""
+        if self.embeds_graph is None:
+            raise CapabilityError(f"{self.graph.name} takes token ids, not input embeddings (inputs_embeds), and this "
+                                  f"package has no embeds variant of it (re-export it with this warpdecode), or it is a "
+                                  f"quantised graph: run this method on the torch backend or an unquantised graph")
+        self.session = self._open(self.embeds_graph)
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.takes_embeds = True
 
     def fingerprint(self) -> str:
         return self._fingerprint
@@ -118,14 +146,21 @@ class OnnxRuntimeBackbone:
         inputs_embeds: Tensor | None = None,
     ) -> BackboneOutput:
         """Same contract as `Transformer.forward` (tokens (B, T) int64, positions (B, T), a bool tree
-        mask over the new tokens); hidden states only for the layers the graph was exported with;
-        token ids only (`inputs_embeds` raises `CapabilityError`)."""
-        if inputs_embeds is not None:
-            raise CapabilityError("the exported step graph takes token ids, not input embeddings "
-                                  "(inputs_embeds): run this method on the torch backend")
+        mask over the new tokens, `inputs_embeds` (B, T, C)); hidden states only for the layers the
+        graph was exported with; `inputs_embeds` only with the embeds variant (`CapabilityError`
+        otherwise)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
+        if inputs_embeds is not None:
+            if inputs_embeds.shape != (B, T, self.config.d_model):
+                raise ValueError(f"inputs_embeds {tuple(inputs_embeds.shape)} must be ({B}, {T}, {self.config.d_model})")
+            if not self.takes_embeds:
+                self._switch_to_embeds()
+        if self.takes_embeds:
+            leading = (self.embed(tokens) if inputs_embeds is None else inputs_embeds).to(self.embed.weight.dtype)
+        else:
+            leading = tokens.to(torch.int64)
         missing = set(hidden_layers) - set(self.hidden_layers)
         if missing:
             raise CapabilityError(f"this exported backbone returns hidden states {list(self.hidden_layers)}, not "
@@ -142,23 +177,24 @@ class OnnxRuntimeBackbone:
         index = torch.arange(T)[logits_slice] if logits_slice is not None else torch.arange(T)
         step = self._fused_step if self.fused else self._step
         if new_mask is not None or not self.config.causal or T <= PREFILL_CHUNK:
-            logits, hidden = step(tokens, positions, cache, new_mask, index)
+            logits, hidden = step(leading, positions, cache, new_mask, index)
         else:  # a long causal prompt: chunk by chunk, each attending to the cache and itself
             parts = []
             for begin in range(0, T, PREFILL_CHUNK):
                 chunk = slice(begin, min(T, begin + PREFILL_CHUNK))
                 wanted = index[(index >= chunk.start) & (index < chunk.stop)] - begin
-                parts.append(step(tokens[:, chunk], positions[:, chunk], cache, None, wanted))
+                parts.append(step(leading[:, chunk], positions[:, chunk], cache, None, wanted))
             logits = torch.cat([p[0] for p in parts], dim=1)
             hidden = {j: torch.cat([p[1][j] for p in parts], dim=1) for j in self.hidden_layers}
         return BackboneOutput(logits=logits, hidden_states={j: hidden[j] for j in hidden_layers})
 
-    def _step(self, tokens: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
+    def _step(self, leading: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
               index: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
-        """One graph run over T new tokens (B, T); logits (B, K, V) at `index` (K,), every exported
-        hidden state (B, T, C). Writes the new keys and values into `cache` and advances it."""
-        logits, hidden = self._output_buffers(tokens.shape, len(index), cache.k.dtype)
-        run_step_graph(self.session, self.names, [tokens.to(torch.int64).contiguous()], positions, cache, new_mask,
+        """One graph run over T new tokens: `leading` is their ids (B, T) int64, or their block inputs
+        (B, T, C) on the embeds variant; logits (B, K, V) at `index` (K,), every exported hidden state
+        (B, T, C). Writes the new keys and values into `cache` and advances it."""
+        logits, hidden = self._output_buffers(leading.shape[:2], len(index), cache.k.dtype)
+        run_step_graph(self.session, self.names, [leading.contiguous()], positions, cache, new_mask,
                        self.config.causal, [index.contiguous()],
                        {"logits": logits} | {f"hidden_{j}": h for j, h in hidden.items()})
         return logits, hidden
@@ -170,18 +206,18 @@ class OnnxRuntimeBackbone:
         logits = torch.empty(B, num_logits, self.config.vocab_size, dtype=dtype)
         return logits, {j: torch.empty(B, T, self.config.d_model, dtype=dtype) for j in self.hidden_layers}
 
-    def _fused_step(self, tokens: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
+    def _fused_step(self, leading: Tensor, positions: Tensor, cache: KVCache, new_mask: Tensor | None,
                     index: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """`_step` on the fused graph. Its attention takes several new positions against a filled
         cache for one row at a time, so such batches run row by row (each row a (1, T) forward)."""
-        B, T = tokens.shape
+        B, T = leading.shape[:2]
         plan = cache.plan_write(T)
-        logits, hidden = self._output_buffers(tokens.shape, len(index), cache.k.dtype)
+        logits, hidden = self._output_buffers(leading.shape[:2], len(index), cache.k.dtype)
         mask = default_new_mask(T, causal=True) if new_mask is None else new_mask
         one_call = B == 1 or T == 1 or int(plan.start.max()) == 0
         for rows in [slice(0, B)] if one_call else [slice(b, b + 1) for b in range(B)]:
             bias, seqlens, total = attention_bias(plan.start[rows], T, mask[rows] if mask.shape[0] > 1 else mask)
-            inputs = [tokens[rows].to(torch.int64).contiguous(), positions[rows].to(torch.int64).contiguous(), bias,
+            inputs = [leading[rows].contiguous(), positions[rows].to(torch.int64).contiguous(), bias,
                       seqlens, total, index.contiguous()]
             caches = [buffer[i, rows] for i in range(cache.k.shape[0]) for buffer in (cache.k, cache.v)]
             binding = self.session.io_binding()

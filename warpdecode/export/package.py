@@ -8,6 +8,8 @@
       backbone.fused.onnx      the same model with ONNX Runtime's fused decoder operators
                                (`export.fused_graph`; Llama-family models), reading the same weights:
                                what the onnxruntime backend runs on the CPU
+      *.embeds.onnx            each of the two taking input embeddings instead of token ids
+                               (`export.embeds_graph`), same weights: for PPD's prompt rows
       tokenizer.json, tokenizer_config.json
       drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
                                their data-built draft tree), checked against the target at export;
@@ -40,6 +42,7 @@ from warpdecode.decoding import registry
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
 from warpdecode.export.accuracy import compare_models
 from warpdecode.export.drafter_graphs import export_drafter_graphs
+from warpdecode.export.embeds_graph import write_embeds_graph
 from warpdecode.export.fused_graph import FUSED_GRAPH, fused_graph_supported, write_fused_graph
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
 from warpdecode.export.onnx_graph import quantize as quantize_graph
@@ -140,6 +143,8 @@ def export_package(
         unfused = fused_graph_supported(model.config, model.embed.weight.dtype)
         if unfused is None:
             write_fused_graph(tmp / GRAPH, tmp / FUSED_GRAPH, model.config, graph.hidden_layers, aliases, WEIGHT_PREFIX)
+        embeds_graphs = {name: write_embeds_graph(tmp / name, model.config.d_model).name
+                         for name in (GRAPH, *([FUSED_GRAPH] if unfused is None else []))}
         if tokenizer is not None:
             tokenizer.save(tmp)
         for kind, package in included.items():
@@ -173,6 +178,7 @@ def export_package(
                          "hidden_layers": list(graph.hidden_layers), "inputs": graph.input_names(),
                          "outputs": graph.output_names(), "weight_aliases": aliases, "variants": variants,
                          "fused_graph": FUSED_GRAPH if unfused is None else None,
+                         "embeds_graphs": embeds_graphs,
                          **({"fused_graph_unsupported": unfused} if unfused is not None else {})},
             "drafters": {kind: f"drafters/{kind}" for kind in included},
             "generation": generation or {},
@@ -289,10 +295,14 @@ class InferencePackage:
         names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
         weights = read_weights(self.directory / GRAPH, names, self.weight_aliases)
 
+        embeds_graphs = self.manifest["backbone"].get("embeds_graphs", {})
+
         def session(path: Path) -> OnnxRuntimeBackbone:
+            embeds = embeds_graphs.get(path.name)
             return OnnxRuntimeBackbone(path, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
                                        weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
-                                       torch_loader=self._torch_model, device=device, threads=threads)
+                                       torch_loader=self._torch_model, device=device, threads=threads,
+                                       embeds_graph=None if embeds is None else self.directory / embeds)
 
         if graph.name == fused_graph:
             try:

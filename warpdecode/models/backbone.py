@@ -35,8 +35,13 @@ class Backbone(Protocol):
         inputs_embeds: Tensor | None = None,
     ) -> BackboneOutput:
         """Run `T` new tokens per row; see `Transformer.forward` for the argument shapes.
-        `inputs_embeds` (rows that are not vocabulary tokens) is PyTorch-only: the exported step
-        graphs take token ids and raise `CapabilityError` for it."""
+        `inputs_embeds` (rows that are not vocabulary tokens) only where `accepts_inputs_embeds()`:
+        a backend that cannot take them raises `CapabilityError`."""
+        ...
+
+    def accepts_inputs_embeds(self) -> bool:
+        """Whether forwards may pass `inputs_embeds`: always on PyTorch; on ONNX Runtime where the
+        package has the embeds variant of the graph (`export.embeds_graph`)."""
         ...
 
     def head(self, x: Tensor) -> Tensor:

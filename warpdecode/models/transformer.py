@@ -226,6 +226,9 @@ class Transformer(nn.Module):
     def fingerprint(self) -> str:
         return model_fingerprint(self)
 
+    def accepts_inputs_embeds(self) -> bool:
+        return True
+
     def torch_model(self) -> Transformer:
         return self
 

@@ -35,7 +35,6 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.ppd import PromptTokens
-from warpdecode.models.transformer import Transformer
 
 
 @register("drafter", "ppd")
@@ -79,9 +78,10 @@ class PPDDraft(PackagedDrafter[PromptTokens]):
         return net.num_prompts
 
     def prepare(self, target: Backbone) -> None:
-        if not isinstance(target, Transformer):
-            raise CapabilityError("ppd runs its prompt tokens through the target as input embeddings, which the "
-                                  "exported step graph does not take: use the torch backend")
+        if not target.accepts_inputs_embeds():
+            raise CapabilityError("ppd runs its prompt tokens through the target as input embeddings, which this "
+                                  "backend's graph does not take: use the torch backend, or an unquantised graph of "
+                                  "a package exported with its embeds variant")
         super().prepare(target)
         self.needs_hidden_states = ()  # the guesses are the target's own logits
         self.width = ShapeLayout.of(self.shape).width
