@@ -29,6 +29,7 @@ from warpdecode.metrics.drafting import DraftRanks, label_ranks, simulated_tau, 
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import shift_left
+from warpdecode.models.transformer import Transformer
 from warpdecode.modules.causal_lm import warmup_cosine
 from warpdecode.modules.frozen_target import FrozenTarget
 from warpdecode.modules.run_outputs import output_dir
@@ -167,12 +168,16 @@ class DrafterModule(FrozenTarget, LightningModule):
         tree = tree_from_ranks(ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
         self.log("val/tau/tree", simulated_tau(ranks, tree), prog_bar=True)
 
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+    def param_groups(self) -> list[dict[str, Any]]:
+        """AdamW parameter groups: weight decay on the trainable matrices only (a group may set its own `lr`)."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
+        return [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.hparams["weight_decay"]},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        groups = [group for group in self.param_groups() if group["params"]]
         optimizer = torch.optim.AdamW(groups, lr=self.hparams["lr"], betas=(0.9, 0.95))
         schedule = partial(warmup_cosine, warmup_steps=self.hparams["warmup_steps"],
                            total_steps=int(self.trainer.estimated_stepping_batches),
@@ -190,8 +195,9 @@ class DrafterModule(FrozenTarget, LightningModule):
     def export_path(self) -> Path:
         return output_dir(self.trainer, self.hparams["export_dir"], "drafter")
 
-    def package(self) -> DrafterPackage:
-        """The trained drafter with its data-built tree and what training cost and measured."""
+    def package(self, target: Transformer | None = None, source: str | None = None) -> DrafterPackage:
+        """The trained drafter with its data-built tree and what training cost and measured, bound to
+        `target` named `source` (default: the frozen target and its `target` hyper-parameter)."""
         training: dict[str, Any] = {"tokens_seen": self.tokens_seen, "optimizer_steps": self.global_step,
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         tree: dict[str, Any] = {}
@@ -204,8 +210,8 @@ class DrafterModule(FrozenTarget, LightningModule):
             training["val_tau_by_nodes"] = [round(simulated_tau(ranks, paths[:n]), 4) for n in range(1, len(paths) + 1)]
             training["val_tau_chain"] = round(simulated_tau(ranks, chain(ranks.shape[1])), 4)
             training["val_starts"] = int(ranks.shape[0])
-        return DrafterPackage(self.kind, DrafterPackage.describe_target(self.target, self.hparams["target"]),
-                              self.package_config(), self.package_weights(), tree, training)
+        described = DrafterPackage.describe_target(target or self.target, source or self.hparams["target"])
+        return DrafterPackage(self.kind, described, self.package_config(), self.package_weights(), tree, training)
 
     def on_fit_end(self) -> None:
         if not self.trainer.is_global_zero:

@@ -1,0 +1,139 @@
+"""Train Medusa-2: Medusa heads jointly with LoRA adapters on the target (Cai et al. 2024).
+
+Medusa-1 keeps the target frozen, so its heads must guess from features that were never trained
+for guessing. Medusa-2 also adapts the backbone (here LoRA adapters, `models/lora.py`) with the
+heads' losses flowing into it, and keeps the backbone's own next-token predictions with a
+backbone-preserving loss: the cross-entropy of its LM head against the data's tokens, which are the
+original target's greedy answers (the self-distillation of the recipe). The loss is
+
+    lm_weight * CE(backbone next token, original greedy token; answer positions)
+    + sum_k head_decay**(k-1) * soft-CE(head k, the adapted target's own distribution)
+
+The adapted model is a new target: `fit` saves it merged (`<export_dir>-target/`, a model
+directory) and binds the heads' package to it, so `--model <export_dir>-target --method medusa
+--method-options '{"path": "<export_dir>"}'` decodes it losslessly with respect to itself. How far
+it moved from the original is logged as `lm_agreement` (share of answer positions where its greedy
+choice is still the original's) and measured end to end in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import resolve, save_pretrained
+from warpdecode.models.lora import ATTENTION, attach_lora, merged
+from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.models.tokenizer import Tokenizer
+from warpdecode.modules.medusa import MedusaDrafter
+
+ADAPTED = "adapted_features"
+"""Batch key of the adapted target's features within one step (never the datamodule's cached `features`)."""
+
+
+class Medusa2Drafter(MedusaDrafter):
+    """Medusa heads and LoRA adapters on the target, trained together; the heads' package is of kind
+    `medusa`, for the merged target."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_MODEL,
+        draft_vocab_size: int = 8192,
+        num_heads: int = 4,
+        num_layers: int | None = None,
+        head_decay: float = 0.8,
+        lr: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int = 50,
+        weight_decay: float = 0.0,
+        tree_nodes: int = 16,
+        max_rank: int = 8,
+        export_dir: str | None = None,
+        lora_rank: int = 8,
+        lora_alpha: float = 16.0,
+        lora_targets: list[str] | None = None,
+        lora_lr: float = 2e-4,
+        lm_weight: float = 1.0,
+    ) -> None:
+        """
+        Args:
+            target: The model to adapt and draft for (name, directory or .gguf).
+            draft_vocab_size: Tokens the heads can propose (see `MedusaDrafter`).
+            num_heads: Heads K.
+            num_layers: Blocks per head (default 1).
+            head_decay: Loss weight of head k is head_decay**(k-1).
+            lr: Peak AdamW learning rate of the heads.
+            min_lr_ratio: Final learning rate as a fraction of the peak.
+            warmup_steps: Optimizer steps of warmup.
+            weight_decay: AdamW weight decay on matrices.
+            tree_nodes: Nodes of the stored draft tree.
+            max_rank: Candidates per node considered when building the tree.
+            export_dir: Where the heads' package is written (the merged target goes to `<export_dir>-target`).
+            lora_rank: Rank r of every adapter.
+            lora_alpha: Adapter scale alpha (updates are multiplied by alpha / r).
+            lora_targets: Linear layers that get an adapter (default: q_proj, k_proj, v_proj, o_proj;
+                also gate_proj, up_proj, down_proj).
+            lora_lr: Peak learning rate of the adapters.
+            lm_weight: Weight of the backbone-preserving loss.
+        """
+        if lm_weight < 0 or lora_lr <= 0:
+            raise ConfigError(f"need lm_weight >= 0 and lora_lr > 0, got {lm_weight}, {lora_lr}")
+        super().__init__(target, draft_vocab_size, num_heads, num_layers, head_decay, lr, min_lr_ratio, warmup_steps,
+                         weight_decay, tree_nodes, max_rank, export_dir)
+        self.save_hyperparameters()
+        self.lora = attach_lora(self.target, lora_rank, lora_alpha, lora_targets or list(ATTENTION))
+
+    def features(self, batch: dict[str, Tensor]) -> Tensor:
+        """(B, T, C) final features of the adapted target (with gradients while training); computed
+        once per batch (`ADAPTED` carries them from the loss to the ranks). Cached `features` of a
+        datamodule are the original target's and are never read."""
+        if ADAPTED in batch:
+            return batch[ADAPTED]
+        L = self.target.config.n_layer
+        return self.target(batch["tokens"], hidden_layers=(L,), logits_slice=slice(0, 0)).hidden_states[L]
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        batch = batch if ADAPTED in batch else {**batch, ADAPTED: self.features(batch)}
+        heads, parts = super().loss(batch)
+        scored = batch["answer_mask"][:, 1:]  # (B, T-1): the next token is an answer token
+        logits = self.target.head(batch[ADAPTED][:, :-1][scored]).float()  # (M, V)
+        labels = batch["tokens"][:, 1:][scored]  # (M,) the original target's greedy choices
+        lm = F.cross_entropy(logits, labels)
+        parts["lm_loss"] = lm.detach()
+        parts["lm_agreement"] = (logits.argmax(-1) == labels).float().mean().detach()
+        return heads + self.hparams["lm_weight"] * lm, parts
+
+    def evaluate(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        batch = {**batch, ADAPTED: self.features(batch)}  # one target forward for the loss and the ranks
+        loss, parts = self.loss(batch)
+        self.log("val/lm_agreement", parts["lm_agreement"], batch_size=batch["tokens"].shape[0])
+        return loss, self.ranks(batch)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The heads' groups at `lr`, and the adapters' at `lora_lr` (no weight decay)."""
+        adapters = {id(p) for p in self.lora.parameters()}
+        heads = [group | {"params": [p for p in group["params"] if id(p) not in adapters]}
+                 for group in super().param_groups()]
+        return heads + [{"params": list(self.lora.parameters()), "weight_decay": 0.0, "lr": self.hparams["lora_lr"]}]
+
+    def target_export_path(self) -> Path:
+        drafter = self.export_path()
+        return drafter.with_name(drafter.name + "-target")
+
+    def on_fit_end(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        model = merged(self.target, self.lora)
+        model_dir = self.target_export_path()
+        save_pretrained(model, Tokenizer.load(resolve(self.hparams["target"])), model_dir)
+        self.package_dir = self.package(model, str(model_dir)).save(self.export_path())
+        rank_zero_info(f"saved the adapted target to {model_dir} and its medusa heads to {self.package_dir}")
+
+    def package_config(self) -> dict[str, Any]:
+        return super().package_config() | {"medusa2": {"lora_rank": self.hparams["lora_rank"],
+                                                       "lora_targets": self.hparams["lora_targets"] or list(ATTENTION)}}
