@@ -28,7 +28,6 @@ from torch import Tensor
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.lora import ATTENTION, attach_lora, merged
-from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.modules.medusa import MedusaDrafter
 
@@ -42,49 +41,27 @@ class Medusa2Drafter(MedusaDrafter):
 
     def __init__(
         self,
-        target: str = DEFAULT_MODEL,
-        draft_vocab_size: int = 8192,
-        num_heads: int = 4,
-        num_layers: int | None = None,
-        head_decay: float = 0.8,
-        lr: float = 1e-3,
-        min_lr_ratio: float = 0.1,
-        warmup_steps: int = 50,
-        weight_decay: float = 0.0,
-        tree_nodes: int = 16,
-        max_rank: int = 8,
-        export_dir: str | None = None,
         lora_rank: int = 8,
         lora_alpha: float = 16.0,
         lora_targets: list[str] | None = None,
         lora_lr: float = 2e-4,
         lm_weight: float = 1.0,
+        **kwargs: Any,
     ) -> None:
         """
         Args:
-            target: The model to adapt and draft for (name, directory or .gguf).
-            draft_vocab_size: Tokens the heads can propose (see `MedusaDrafter`).
-            num_heads: Heads K.
-            num_layers: Blocks per head (default 1).
-            head_decay: Loss weight of head k is head_decay**(k-1).
-            lr: Peak AdamW learning rate of the heads.
-            min_lr_ratio: Final learning rate as a fraction of the peak.
-            warmup_steps: Optimizer steps of warmup.
-            weight_decay: AdamW weight decay on matrices.
-            tree_nodes: Nodes of the stored draft tree.
-            max_rank: Candidates per node considered when building the tree.
-            export_dir: Where the heads' package is written (the merged target goes to `<export_dir>-target`).
             lora_rank: Rank r of every adapter.
             lora_alpha: Adapter scale alpha (updates are multiplied by alpha / r).
             lora_targets: Linear layers that get an adapter (default: q_proj, k_proj, v_proj, o_proj;
                 also gate_proj, up_proj, down_proj).
-            lora_lr: Peak learning rate of the adapters.
+            lora_lr: Peak learning rate of the adapters (the heads train at `lr`).
             lm_weight: Weight of the backbone-preserving loss.
+            **kwargs: `MedusaDrafter`'s arguments (target, heads, optimizer, tree, export_dir: the
+                heads' package; the merged target goes to `<export_dir>-target`).
         """
         if lm_weight < 0 or lora_lr <= 0:
             raise ConfigError(f"need lm_weight >= 0 and lora_lr > 0, got {lm_weight}, {lora_lr}")
-        super().__init__(target, draft_vocab_size, num_heads, num_layers, head_decay, lr, min_lr_ratio, warmup_steps,
-                         weight_decay, tree_nodes, max_rank, export_dir)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.lora = attach_lora(self.target, lora_rank, lora_alpha, lora_targets or list(ATTENTION))
 
