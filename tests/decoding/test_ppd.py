@@ -106,13 +106,17 @@ def test_prompt_lookup_chains_are_verified_beside_the_guesses(target, package):
 @pytest.mark.slow
 def test_sampled_tokens_follow_the_target_after_a_ppd_step(tmp_path):
     """The 3rd token is the first one a step with PPD candidates emits (the first step only has the
-    pending token's group): given the first two, it follows the target's distribution."""
+    pending token's group): given the first two, it follows the target's distribution.
+
+    The most common first pair (7, 7; p = 0.48) starts ~490 of the 1000 draws: a correct engine's TV
+    over their 3rd tokens is ~0.03 (P(TV > 0.1) < 1e-5 by multinomial simulation), and resampling from
+    p after a rejection moves it to ~0.15 (caught in > 99% of draw sets)."""
     model = tiny_vocab_target()
     path = ppd_package(model, tmp_path / "drafter", std=1.0)
     method = build_method("ppd", do_sample=True, options={"path": path, "attach": 0})
     prompt = [1, 2, 1, 2, 1]
     triples, proposed = [], 0
-    for seed in range(1500):
+    for seed in range(1000):
         # 8 new tokens leave the second step room for a 2-node tree beside the pending token's group
         out = generate(model, None, prompt, max_new_tokens=8, do_sample=True, seed=seed, stop_at_eos=False,
                        method=method)
@@ -124,8 +128,8 @@ def test_sampled_tokens_follow_the_target_after_a_ppd_step(tmp_path):
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + list(common)])).logits[0, -1]
     expected = Sampler(SamplingConfig(do_sample=True)).probs(logits[None])[0]
-    assert proposed > 1000  # the second step verified PPD candidates
-    assert len(thirds) > 200
+    assert proposed > 650  # the second step verified PPD candidates
+    assert len(thirds) > 400
     assert tv(thirds, expected) < 0.1
 
 
