@@ -38,6 +38,13 @@ def onnxruntime_backbone(package, request):
     return backbone
 
 
+@pytest.fixture(scope="module")
+def greedy_reference(smollm2):
+    """PyTorch greedy continuations of `PROMPTS`, computed once for every method and backbone."""
+    return {prompt: generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS,
+                             stop_at_eos=False).token_ids for prompt in PROMPTS}
+
+
 def test_package_identity_and_torch_rebuild(package, smollm2):
     assert package.fingerprint == smollm2.model.fingerprint()
     assert package.backbone("torch").fingerprint() == smollm2.model.fingerprint()
@@ -54,13 +61,12 @@ def test_logits_within_tolerance(onnxruntime_backbone, smollm2, prompt):
 
 
 @pytest.mark.parametrize("method", ["none", "prompt_lookup", "token_recycling", "int4_self", "eagle", "hydra"])
-def test_greedy_identity_on_onnxruntime(onnxruntime_backbone, package, smollm2, method):
+def test_greedy_identity_on_onnxruntime(onnxruntime_backbone, package, greedy_reference, method):
     options = package.drafter_options().get(method, {})
     for prompt in PROMPTS:
-        reference = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
         out = generate(onnxruntime_backbone, package.tokenizer(), prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
                        method=build_method(method, options=options))
-        assert out.token_ids == reference.token_ids
+        assert out.token_ids == greedy_reference[prompt]
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
