@@ -146,9 +146,10 @@ def test_without_replacement_rows():
 
 
 def test_wrong_rule_fails_the_distribution_test(monkeypatch):
-    """Power check: resampling from p instead of the residual after a rejection is detected."""
+    """Power check: resampling from p instead of the residual after a rejection is detected. The wrong
+    rule moves the first token's TV to 0.21 (exactly, from p and q); 3000 draws measure it to about +-0.015."""
     monkeypatch.setattr(speculative_sampling, "residual", lambda target_probs, draft_probs: target_probs)
-    V, n = 8, 12000
+    V, n = 8, 3000
     gen = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(2, V, generator=gen) * 1.5, -1)  # rows: after pending, after node 0
     q = torch.softmax(torch.randn(V, generator=gen) * 1.5, -1)

@@ -49,10 +49,11 @@ def test_kseq_follows_the_target_and_accepts_at_the_predicted_rate():
 
 
 def test_wrong_residual_fails_the_distribution_test(monkeypatch):
-    """Power check: resampling from p after k rejections (instead of p_res) is detected."""
+    """Power check: resampling from p after k rejections (instead of p_res) is detected. The wrong rule
+    moves the first token's TV to ~0.14; 3000 draws measure it to about +-0.015."""
     monkeypatch.setattr(spectr_module, "kseq_residual", lambda p, q, rho, k: p)
     gen = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(4, 8, generator=gen) * 1.5, -1)
     q = torch.softmax(torch.randn(8, generator=gen) * 1.5, -1)
-    first, _ = sample_first_tokens(p, q, 3, 10000, gen)
+    first, _ = sample_first_tokens(p, q, 3, 3000, gen)
     assert tv(first, p[0]) > 0.03
