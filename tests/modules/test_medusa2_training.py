@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import pattern_batch
 
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.models.checkpoint import load_pretrained
@@ -37,6 +38,22 @@ def test_the_preserving_loss_starts_at_the_original_answers(tiny_model_dir, self
     assert all(p.grad is None for p in module.target.parameters())
     batch["features"] = torch.zeros_like(batch["features"])  # the original's cached features: never read
     torch.testing.assert_close(module.loss(batch)[0], loss)
+
+
+def test_heads_backbone_weight_scales_only_what_reaches_the_backbone(tiny_model_dir):
+    batch = pattern_batch(64)
+    grads = {}
+    for weight in (0.0, 0.5, 1.0):
+        torch.manual_seed(0)
+        module = drafter(tiny_model_dir, lm_weight=0.0, heads_backbone_weight=weight)
+        for adapter in module.lora.values():  # B = 0 would leave A without gradient
+            torch.nn.init.normal_(adapter.B, std=0.1)
+        module.loss(batch)[0].backward()
+        grads[weight] = (torch.cat([p.grad.flatten() for p in module.lora.parameters()]),
+                         torch.cat([p.grad.flatten() for p in module.net.parameters() if p.grad is not None]))
+    assert not grads[0.0][0].any()  # no preserving loss and no heads' gradient: the adapters stay
+    torch.testing.assert_close(grads[0.5][0], grads[1.0][0] * 0.5)
+    torch.testing.assert_close(grads[0.5][1], grads[1.0][1])  # the heads learn at full strength
 
 
 def test_adapters_train_at_their_own_rate(tiny_model_dir):

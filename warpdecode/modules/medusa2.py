@@ -46,6 +46,7 @@ class Medusa2Drafter(MedusaDrafter):
         lora_targets: list[str] | None = None,
         lora_lr: float = 2e-4,
         lm_weight: float = 1.0,
+        heads_backbone_weight: float = 0.2,
         **kwargs: Any,
     ) -> None:
         """
@@ -56,11 +57,15 @@ class Medusa2Drafter(MedusaDrafter):
                 also gate_proj, up_proj, down_proj).
             lora_lr: Peak learning rate of the adapters (the heads train at `lr`).
             lm_weight: Weight of the backbone-preserving loss.
+            heads_backbone_weight: Scale of the heads' gradient where it enters the backbone (the
+                paper's lambda_0; the heads themselves get all of it). At 1 the heads' losses,
+                several nats each, outweigh the preserving loss and the adapted model drifts.
             **kwargs: `MedusaDrafter`'s arguments (target, heads, optimizer, tree, export_dir: the
                 heads' package; the merged target goes to `<export_dir>-target`).
         """
-        if lm_weight < 0 or lora_lr <= 0:
-            raise ConfigError(f"need lm_weight >= 0 and lora_lr > 0, got {lm_weight}, {lora_lr}")
+        if lm_weight < 0 or lora_lr <= 0 or not 0 <= heads_backbone_weight <= 1:
+            raise ConfigError(f"need lm_weight >= 0, lora_lr > 0 and 0 <= heads_backbone_weight <= 1, got "
+                              f"{lm_weight}, {lora_lr}, {heads_backbone_weight}")
         super().__init__(**kwargs)
         self.save_hyperparameters()
         self.lora = attach_lora(self.target, lora_rank, lora_alpha, lora_targets or list(ATTENTION))
@@ -73,6 +78,14 @@ class Medusa2Drafter(MedusaDrafter):
             return batch[ADAPTED]
         L = self.target.config.n_layer
         return self.target(batch["tokens"], hidden_layers=(L,), logits_slice=slice(0, 0)).hidden_states[L]
+
+    def _logits(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """The heads read the features with their gradient into the backbone scaled by
+        `heads_backbone_weight` (same values)."""
+        features = self.features(batch)
+        w = self.hparams["heads_backbone_weight"]
+        scaled = features * w + features.detach() * (1 - w)
+        return super()._logits({**batch, ADAPTED: scaled})
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         batch = batch if ADAPTED in batch else {**batch, ADAPTED: self.features(batch)}
