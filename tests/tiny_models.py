@@ -327,3 +327,13 @@ def prompt_file(directory) -> str:
     path = Path(directory) / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in SHORT_PROMPTS))
     return str(path)
+
+
+def initialised_drafter(module):
+    """A `DrafterModule` set up as `fit` sets it up, with every token equally frequent: its draft
+    vocabulary is the first `draft_vocab_size` token ids (stop ids always in)."""
+    from warpdecode.modules.drafter import frequent_tokens
+
+    counts = torch.ones(module.target.config.vocab_size)
+    module.init_drafter(frequent_tokens(counts, module.hparams["draft_vocab_size"], list(module.target.config.eos_token_ids)))
+    return module

@@ -8,21 +8,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import initialised_drafter
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.distilled_draft import DistilledDraftDrafter
-from warpdecode.modules.drafter import frequent_tokens
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def drafter(target: Path, **kwargs) -> DistilledDraftDrafter:
-    module = DistilledDraftDrafter(target=str(target), num_layers=1, draft_vocab_size=300, **kwargs)
-    counts = torch.ones(module.target.config.vocab_size)
-    module.init_drafter(frequent_tokens(counts, 300, list(module.target.config.eos_token_ids)))
-    return module
+    return initialised_drafter(DistilledDraftDrafter(target=str(target), num_layers=1, draft_vocab_size=300, **kwargs))
 
 
 def batch_of(module: DistilledDraftDrafter) -> dict[str, Tensor]:

@@ -7,22 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import pattern_batch
+from tiny_models import initialised_drafter, pattern_batch
 
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.drafter import frequent_tokens
 from warpdecode.modules.medusa2 import Medusa2Drafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def drafter(target: Path, **kwargs) -> Medusa2Drafter:
-    module = Medusa2Drafter(target=str(target), draft_vocab_size=64, num_heads=3, lora_rank=4, **kwargs)
-    counts = torch.ones(module.target.config.vocab_size)
-    module.init_drafter(frequent_tokens(counts, 64, list(module.target.config.eos_token_ids)))
-    return module
+    return initialised_drafter(Medusa2Drafter(target=str(target), draft_vocab_size=64, num_heads=3, lora_rank=4,
+                                              **kwargs))
 
 
 def test_the_preserving_loss_starts_at_the_original_answers(tiny_model_dir, self_distill_data):

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import pattern_batch
+from tiny_models import initialised_drafter, pattern_batch
 from torch import Tensor
 
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.eagle import shift_left
-from warpdecode.modules.drafter import frequent_tokens
 from warpdecode.modules.medusa import FutureHeadsDrafter, HydraDrafter, MedusaDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -31,10 +30,7 @@ def make_batch(vocab_size: int, with_features_of: FutureHeadsDrafter | None = No
 
 
 def drafter(kind: str, target: Path, **kwargs) -> FutureHeadsDrafter:
-    module = DRAFTERS[kind](target=str(target), draft_vocab_size=64, num_heads=3, **kwargs)
-    counts = torch.ones(module.target.config.vocab_size)
-    module.init_drafter(frequent_tokens(counts, 64, list(module.target.config.eos_token_ids)))
-    return module
+    return initialised_drafter(DRAFTERS[kind](target=str(target), draft_vocab_size=64, num_heads=3, **kwargs))
 
 
 @torch.no_grad()

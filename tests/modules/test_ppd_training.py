@@ -8,23 +8,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import pattern_batch
+from tiny_models import initialised_drafter, pattern_batch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.drafter import frequent_tokens
 from warpdecode.modules.ppd import PPDDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def drafter(target: Path, **kwargs) -> PPDDrafter:
-    module = PPDDrafter(target=str(target), draft_vocab_size=64, num_prompts=3, starts_per_sequence=4, **kwargs)
-    counts = torch.ones(module.target.config.vocab_size)
-    module.init_drafter(frequent_tokens(counts, 64, list(module.target.config.eos_token_ids)))
-    return module
+    return initialised_drafter(PPDDrafter(target=str(target), draft_vocab_size=64, num_prompts=3, starts_per_sequence=4,
+                                          **kwargs))
 
 
 def test_starts_are_answer_positions_with_a_token_two_ahead(tiny_model_dir):
