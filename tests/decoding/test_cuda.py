@@ -42,3 +42,11 @@ def test_sampling_runs_on_cuda_and_repeats_with_its_seed(target, name, drafter_o
 def test_cpu_only_drafters_say_so(target, name):
     with pytest.raises(CapabilityError, match="CPU only"):
         generate(target, None, PROMPTS[1], max_new_tokens=4, method=build_method(name))
+
+
+def test_spectr_draws_on_cuda(target):
+    """SpecTr reads the drafts' distributions beside the target's: both on the target's device."""
+    method = build_method("draft_model", options={"layers": 1, "num_tokens": 2, "top_k": 2}, verifier="spectr",
+                          do_sample=True)
+    out = generate(target, None, PROMPTS[1], max_new_tokens=16, stop_at_eos=False, do_sample=True, seed=1, method=method)
+    assert len(out.token_ids) == 16

@@ -15,6 +15,7 @@ way the emitted tokens follow p exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -46,7 +47,7 @@ def reject_siblings(p: Tensor, siblings: list[int], tree: DraftTree, tokens: lis
     """
     for child in siblings:
         x = tokens[child]
-        q = tree.draft_probs[child].to(p.device) if tree.draft_probs is not None else None
+        q = tree.draft_probs[child] if tree.draft_probs is not None else None
         qx = float(q[x]) if q is not None else 1.0
         if float(uniforms[child]) * qx < float(p[x]):  # u < p(x) / q(x), without dividing by zero
             return child, p
@@ -99,6 +100,8 @@ class SpeculativeSampling(Verifier):
     def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
                hidden_states: Mapping[int, Tensor] = NO_HIDDEN_STATES) -> AcceptResult:
         target_probs = sampler.probs(target_logits)  # (N+1, V)
+        if tree.draft_probs is not None and tree.draft_probs.device != target_probs.device:  # once, for every rule
+            tree = replace(tree, draft_probs=tree.draft_probs.to(target_probs.device))
         uniforms = torch.rand(tree.size, generator=sampler.generator, device=target_probs.device)
         return self.rule(tree, target_probs, uniforms, sampler.generator)
 
