@@ -49,6 +49,7 @@ def test_convert_hf_directory_roundtrip(tiny_model_dir, tmp_path, capsys):
         (["generate", "--prompt", "x", "--temperature", "-1"], "--temperature"),
         (["generate", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["convert", "/nonexistent/ckpt", "/tmp/out"], "not a model directory"),
+        (["generate", "--prompt", "x", "--backend", "cudagraphs"], "needs the model on a CUDA device"),
     ],
 )
 def test_bad_input_is_one_line_error(argv, message, tiny_model_dir, capsys):

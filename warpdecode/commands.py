@@ -63,9 +63,10 @@ def generate(
         model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run with --method NAME and no path.
-        backend: torch, onnxruntime (the fused graph on the CPU where the package has one),
+        backend: torch; cudagraphs (--model on --device cuda: decode and verify steps replay CUDA
+            graphs); onnxruntime (the fused graph on the CPU where the package has one),
             onnxruntime-portable (the standard-ONNX step graph), or onnxruntime-int8 / -int4 (lossy;
-            exported with --quantize); all but torch need --package.
+            exported with --quantize), which need --package.
         device: cpu, or cuda (a CUDA device such as cuda:1) for --model on torch; with a package's
             onnxruntime backends also cuda or tensorrt where ONNX Runtime has those providers.
         prompt: the prompt text.
@@ -185,10 +186,13 @@ def _load_target(model: str | None, package: Path | None, backend: str, device: 
     from warpdecode.models.device import torch_device
 
     if package is None:
-        if backend != "torch":
+        from warpdecode.models.cuda_graphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
+
+        if backend not in MODEL_BACKENDS:
             raise ConfigError(f"--backend {backend} runs an exported package: add --package DIR "
-                              f"(make one with `warpdecode export`)")
-        target, tokenizer = load_pretrained(model or DEFAULT_MODEL, device=torch_device(device))
+                              f"(make one with `warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
+        pretrained, tokenizer = load_pretrained(model or DEFAULT_MODEL, device=torch_device(device))
+        target: Backbone = CudaGraphBackbone(pretrained) if backend == CUDA_GRAPHS else pretrained
         return target, tokenizer, {}, "none"
     if model is not None:
         raise ConfigError("give --model or --package, not both")
@@ -389,9 +393,9 @@ def bench(
         model: model directory, .gguf file, or model name.
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run as NAME without path=.
-        backends: comma-separated backends every method runs on: torch, onnxruntime,
-            onnxruntime-portable, onnxruntime-int8, onnxruntime-int4 (lossy; exported with --quantize);
-            all but torch need --package.
+        backends: comma-separated backends every method runs on: torch and cudagraphs (--model on
+            --device cuda: decode and verify steps replay CUDA graphs), or with --package onnxruntime,
+            onnxruntime-portable, onnxruntime-int8, onnxruntime-int4 (lossy; exported with --quantize).
             Rows on another backend are labelled METHOD@BACKEND; plain greedy on torch is the baseline.
         methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
             options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10 (default none,prompt_lookup). Values

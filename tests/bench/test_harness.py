@@ -191,3 +191,27 @@ def test_the_tree_size_auto_chose_is_reported_beside_its_row(tiny_model_dir, tmp
     assert f"- `{hydra.label}` chose num_nodes=2" in markdown(result)
     write(result, tmp_path / "out")
     assert load(tmp_path / "out" / "results.json").rows[1].resolved == {"num_nodes": 2}
+
+
+def test_cudagraphs_rows_run_beside_torch(tiny_model_dir, monkeypatch):
+    """`--backends torch,cudagraphs` adds METHOD@cudagraphs rows, checked for identity with plain greedy
+    (the static step runs eagerly here: capture needs a GPU, tests/decoding/test_cuda.py)."""
+    from warpdecode.bench import harness
+    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+
+    monkeypatch.setattr(harness, "CudaGraphBackbone", lambda model: CudaGraphBackbone(model, graphs=False))
+    config = BenchConfig(model=str(tiny_model_dir), backends="torch,cudagraphs", max_new_tokens=6, peers="none",
+                         warmup_tokens=0)
+    prompts = [BenchPrompt("a", "x", "for i in range(10): for i in", False)]
+    result = run_bench(config, methods="none,prompt_lookup", prompts=prompts, progress=False)
+    assert [r.label for r in result.rows] == ["none", "prompt_lookup", "none@cudagraphs", "prompt_lookup@cudagraphs"]
+    assert all(m.identical for m in result.measurements)
+    assert "--backends torch,cudagraphs" in config.command()
+
+
+def test_cudagraphs_need_a_cuda_model(tiny_model_dir):
+    from warpdecode.errors import CapabilityError
+
+    config = BenchConfig(model=str(tiny_model_dir), backends="torch,cudagraphs", peers="none")
+    with pytest.raises(CapabilityError, match="--device cuda"):
+        run_bench(config, methods="none", prompts=[BenchPrompt("a", "x", "hello", False)], progress=False)

@@ -50,3 +50,30 @@ def test_spectr_draws_on_cuda(target):
                           do_sample=True)
     out = generate(target, None, PROMPTS[1], max_new_tokens=16, stop_at_eos=False, do_sample=True, seed=1, method=method)
     assert len(out.token_ids) == 16
+
+
+@pytest.mark.parametrize("name", sorted(set(registry.names("drafter")) - CPU_ONLY))
+def test_greedy_identity_through_cuda_graphs(target, name, drafter_options):
+    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+
+    backbone = CudaGraphBackbone(target)
+    out = generate(backbone, None, PROMPTS[0], max_new_tokens=24, stop_at_eos=False,
+                   method=build_method(name, options=drafter_options.get(name, {})))
+    assert out.token_ids == naive_greedy(target, PROMPTS[0], 24)
+    assert backbone.captures > 0
+
+
+def test_graph_replays_equal_the_eager_static_step(target):
+    """Two steps through captured graphs give the logits the same static step gives eagerly."""
+    from warpdecode.models.cache import KVCache
+    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+
+    outputs = []
+    for graphs in (True, False):
+        backbone, cache = CudaGraphBackbone(target, graphs=graphs), KVCache.for_model(target.config, 1, 32, device="cuda")
+        backbone(torch.tensor([PROMPTS[1][:8]], device="cuda"), cache=cache, logits_slice=slice(-1, None))
+        steps = [backbone(torch.tensor([[3]], device="cuda"), cache=cache).logits,
+                 backbone(torch.tensor([[4, 5, 6]], device="cuda"), cache=cache).logits]
+        outputs.append(steps)
+    for graphed, eager in zip(*outputs, strict=True):
+        torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=1e-5)

@@ -30,6 +30,7 @@ from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
+from warpdecode.models.cuda_graphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 from warpdecode.models.device import torch_device
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
@@ -46,7 +47,8 @@ class BenchConfig:
     package: str | None = None
     """An inference package (`warpdecode export`) to run instead of `model`."""
     backends: str = TORCH
-    """Comma-separated backends every method runs on (other than torch: needs `package`)."""
+    """Comma-separated backends every method runs on: torch and cudagraphs for `model`, the
+    onnxruntime ones for `package`."""
     methods: list[str] = field(default_factory=lambda: [BASELINE])
     """Canonical method specs, baseline first (see `warpdecode.bench.specs`)."""
     prompts: str = "spec_bench"
@@ -65,7 +67,8 @@ class BenchConfig:
 
     def command(self, out: Path | None = None) -> str:
         """The `warpdecode bench` command line that repeats this run."""
-        source = f"--package {self.package} --backends {self.backends}" if self.package else f"--model {self.model}"
+        source = (f"--package {self.package}" if self.package else f"--model {self.model}") + (
+            f" --backends {self.backends}" if self.package or self.backends != TORCH else "")
         parts = ["warpdecode bench", source, f"--methods {','.join(self.methods)}",
                  f"--prompts {self.prompts}", f"--max-new-tokens {self.max_new_tokens}"]
         optional = {"categories": self.categories, "limit": self.limit, "temperature": self.temperature or None, "top-k": self.top_k,
@@ -95,9 +98,10 @@ def row_label(spec: MethodSpec, backend: str) -> str:
 
 def parse_backends(text: str) -> list[str]:
     backends = [b.strip() for b in text.split(",") if b.strip()]
-    unknown = [b for b in backends if b not in BACKENDS]
+    known = dict.fromkeys([*BACKENDS, *MODEL_BACKENDS])
+    unknown = [b for b in backends if b not in known]
     if not backends or unknown:
-        raise ConfigError(f"--backends must list some of {', '.join(BACKENDS)}, got {text!r}")
+        raise ConfigError(f"--backends must list some of {', '.join(known)}, got {text!r}")
     return list(dict.fromkeys(backends))
 
 
@@ -105,10 +109,16 @@ def load_targets(config: BenchConfig, package: InferencePackage | None,
                  backends: list[str]) -> tuple[dict[str, Backbone], Tokenizer | None]:
     """The model (or the package) on torch, which runs the baseline, and on every other backend."""
     if package is None:
-        if backends != [TORCH]:
-            raise ConfigError(f"--backends {','.join(backends)} needs --package (make one with `warpdecode export`)")
+        if not set(backends) <= set(MODEL_BACKENDS):
+            raise ConfigError(f"--backends {','.join(backends)} needs --package (make one with `warpdecode export`); "
+                              f"--model runs on {', '.join(MODEL_BACKENDS)}")
         model, tokenizer = load_pretrained(resolve(config.model), device=torch_device(config.device))
-        return {TORCH: model}, tokenizer
+        targets: dict[str, Backbone] = {TORCH: model}
+        if CUDA_GRAPHS in backends:
+            targets[CUDA_GRAPHS] = CudaGraphBackbone(model)
+        return targets, tokenizer
+    if CUDA_GRAPHS in backends:
+        raise ConfigError(f"--backends {CUDA_GRAPHS} runs --model on --device cuda, not a package")
     return {b: package.backbone(b, threads=config.threads) for b in dict.fromkeys([TORCH] + backends)}, package.tokenizer()
 
 

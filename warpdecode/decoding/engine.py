@@ -22,6 +22,10 @@ from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 
+CACHE_BLOCK = 256
+"""The loop's cache length rounds up to a multiple of this: generations of similar length get the
+same buffer shape, which the `cudagraphs` backend's captured steps are keyed on."""
+
 
 @dataclass
 class Method:
@@ -45,8 +49,8 @@ def run(
 ) -> tuple[list[int], FinishReason, DecodeStats]:
     """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget."""
     device = target.embed.weight.device
-    headroom = method.max_tree_nodes + 1
-    cache = KVCache.for_model(target.config, 1, min(target.config.max_seq_len, len(prompt_ids) + max_new_tokens + headroom),
+    needed = len(prompt_ids) + max_new_tokens + method.max_tree_nodes + 1
+    cache = KVCache.for_model(target.config, 1, min(target.config.max_seq_len, -(-needed // CACHE_BLOCK) * CACHE_BLOCK),
                               dtype=target.embed.weight.dtype, device=device)
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)

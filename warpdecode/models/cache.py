@@ -108,6 +108,20 @@ class KVCache:
             self.v[layer][plan.rows, :, plan.slots] = v.transpose(1, 2)
         return self.k[layer, :, :, : plan.used], self.v[layer, :, :, : plan.used]
 
+    def write_at(self, layer: int, k: Tensor, v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Store this layer's new keys/values at `slots` of every row and return the whole cache
+        layer (static shapes, no host sync: what a CUDA graph can capture).
+
+        Args:
+            k, v: (B, Hkv, T, D) new keys / values.
+            slots: (T,) int64 slot indices on the cache's device.
+        Returns:
+            (B, Hkv, S_max, D) keys and values of this layer.
+        """
+        self.k[layer].index_copy_(2, slots, k)
+        self.v[layer].index_copy_(2, slots, v)
+        return self.k[layer], self.v[layer]
+
     def write_all(self, k: Tensor, v: Tensor, plan: WritePlan) -> None:
         """Store the new keys/values of every layer at once (a backend that computes all layers in
         one call, e.g. an exported step graph). k, v: (L, B, Hkv, T, D)."""

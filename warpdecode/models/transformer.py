@@ -53,6 +53,9 @@ class LayerContext:
     is_causal: bool
     cache: KVCache | None
     plan: WritePlan | None
+    slots: Tensor | None = None
+    """(T,) int64 cache slots on the device for the new tokens (`Transformer.forward_static`); the
+    layers then read the whole cache instead of `plan`'s used prefix."""
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -110,6 +113,24 @@ def default_new_mask(T: int, causal: bool) -> Tensor:
     return ones.tril() if causal else ones
 
 
+def cache_attention_mask(start: Tensor, new_mask: Tensor, num_keys: int) -> Tensor:
+    """(B, 1, T, S) bool: which of the first `S = num_keys` cache slots each of `T` new tokens sees.
+
+    Slots before a row's `start` are its cached positions (always visible); slots `start .. start+T-1`
+    hold the new tokens and follow `new_mask`; later slots (stale or empty) are never visible.
+
+    Args:
+        start: (B,) int64, each row's cache length before the new tokens (on the mask's device).
+        new_mask: (B or 1, T, T) bool, which new tokens each new token sees.
+    """
+    B, T = start.shape[0], new_mask.shape[-1]
+    rel = torch.arange(num_keys, device=start.device)[None, :] - start[:, None]  # (B, S) slot relative to the first new token
+    in_new = (rel >= 0) & (rel < T)
+    cols = rel.clamp(0, T - 1)[:, None, :].expand(-1, T, -1)  # (B, T, S)
+    visible = torch.where(in_new[:, None, :], new_mask.expand(B, T, T).gather(2, cols), (rel < 0)[:, None, :])
+    return visible[:, None]
+
+
 def rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -142,7 +163,9 @@ class Attention(nn.Module):
             cos, sin = ctx.rope  # (B, 1, T, D) each
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        if ctx.cache is not None:
+        if ctx.cache is not None and ctx.slots is not None:
+            k, v = ctx.cache.write_at(layer, k, v, ctx.slots)  # (B, Hkv, S_max, D)
+        elif ctx.cache is not None:
             assert ctx.plan is not None
             k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
         y = F.scaled_dot_product_attention(
@@ -271,13 +294,7 @@ class Transformer(nn.Module):
             if (not self.config.causal or T == 1) and plan.uniform_start is not None:
                 return None
             new_mask = default_new_mask(T, self.config.causal)
-        start = plan.start.to(device)[:, None]  # (B, 1)
-        rel = torch.arange(S, device=device)[None, :] - start  # (B, S) key index relative to the first new token
-        in_new = (rel >= 0) & (rel < T)
-        cols = rel.clamp(0, T - 1)[:, None, :].expand(-1, T, -1)  # (B, T, S)
-        new_mask = new_mask.to(device).expand(plan.start.shape[0], T, T)
-        visible = torch.where(in_new[:, None, :], new_mask.gather(2, cols), (rel < 0)[:, None, :])
-        return visible[:, None]  # (B, 1, T, S)
+        return cache_attention_mask(plan.start.to(device), new_mask.to(device), S)
 
     def forward(
         self,
@@ -345,6 +362,17 @@ class Transformer(nn.Module):
         else:
             ctx = LayerContext(rope, self._full_mask(attention_mask, plan, x.device), False, cache, plan)
 
+        x, hidden = self._blocks(x, ctx, wanted, layer_gates)
+        if cache is not None:
+            assert plan is not None
+            cache.advance(plan)
+        if logits_slice is not None:
+            x = x[:, logits_slice]
+        return BackboneOutput(logits=self.head(x), hidden_states=hidden)
+
+    def _blocks(self, x: Tensor, ctx: LayerContext, wanted: set[int],
+                layer_gates: Tensor | None = None) -> tuple[Tensor, dict[int, Tensor]]:
+        """Every block and the final norm over (B, T, C) inputs: the normed output and the wanted hidden states."""
         hidden: dict[int, Tensor] = {}
         for i, block in enumerate(self.blocks):
             if i in wanted:
@@ -354,11 +382,31 @@ class Transformer(nn.Module):
         x = self.norm(x)
         if self.config.n_layer in wanted:
             hidden[self.config.n_layer] = x
-        if cache is not None:
-            assert plan is not None
-            cache.advance(plan)
-        if logits_slice is not None:
-            x = x[:, logits_slice]
+        return x, hidden
+
+    def forward_static(self, tokens: Tensor, positions: Tensor, start: Tensor, new_mask: Tensor, cache: KVCache,
+                       hidden_layers: Sequence[int] = ()) -> BackboneOutput:
+        """`forward` with shapes and addresses that do not change from step to step, so that one CUDA
+        graph can replay it (`models.cuda_graphs`): keys and values go to the slots `start + arange(T)`
+        given by a device tensor, attention reads the whole cache under `cache_attention_mask`, and
+        nothing syncs with the host. Checks nothing and leaves `cache.lengths` to the caller.
+
+        Args:
+            tokens: (B, T) int64 token ids, on the model's device.
+            positions: (B, T) int64 position ids, on the model's device.
+            start: (1,) int64 on the model's device, the cache length before these tokens (every row's).
+            new_mask: (B or 1, T, T) bool on the model's device, which new tokens each new token sees.
+        """
+        T = tokens.shape[1]
+        x = self.embed(tokens)  # (B, T, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+            rope = None
+        else:
+            rope = self.rope_tables(positions, x.dtype)
+        slots = start + torch.arange(T, device=start.device)  # (T,)
+        mask = cache_attention_mask(start.expand(tokens.shape[0]), new_mask, cache.max_len)
+        x, hidden = self._blocks(x, LayerContext(rope, mask, False, cache, None, slots), set(hidden_layers))
         return BackboneOutput(logits=self.head(x), hidden_states=hidden)
 
     def head(self, x: Tensor) -> Tensor:
