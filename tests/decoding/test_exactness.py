@@ -6,6 +6,8 @@ A new drafter is picked up from the registry automatically; one that needs const
 add them to `tiny_models.DRAFTER_OPTIONS` (a test fails until it does).
 """
 
+from dataclasses import dataclass, replace
+
 import pytest
 import torch
 from tiny_models import (
@@ -208,23 +210,62 @@ and a bound of 0.08 (Clover 91% vs 43%, EAGLE 60% vs 4%)."""
         "hydra", "diffuspec", "distilled", "clover", "distilled-tree-without-replacement", "hydra-lookup"])
 def test_engine_sampling_matches_target_distribution(name, options, verifier, tiny_vocab_packages, single_thread):
     """End to end on a tiny-vocabulary model: the 2nd generated token (the first one a verifier emits)
-    follows the target's conditional distribution given the first."""
-    conditioned, distance = second_token_distance(name, options, verifier, tiny_vocab_packages)
-    assert conditioned > 900
-    assert distance < ENGINE_TV_BOUND
+    follows the target's conditional distribution given the first, and the drafter's first node
+    follows the distribution it reports (see `DRAFT_TV_BOUND`)."""
+    run = sample_engine(name, options, verifier, tiny_vocab_packages)
+    assert len(run.seconds) > 900
+    assert run.second_token_tv() < ENGINE_TV_BOUND
+    if run.draft_rows:
+        assert run.draft_tv() < DRAFT_TV_BOUND
 
 
 def test_wrong_rule_fails_the_engine_distribution_test(monkeypatch, tiny_vocab_packages, single_thread):
     """Power check at the engine test's draw count and bound: resampling from p instead of the
     residual after a rejection is detected end to end."""
     monkeypatch.setattr(speculative_sampling, "residual", lambda target_probs, draft_probs: target_probs)
-    _, distance = second_token_distance("adaptive_ngram", {"num_nodes": 2}, None, tiny_vocab_packages)
-    assert distance > ENGINE_TV_BOUND
+    run = sample_engine("adaptive_ngram", {"num_nodes": 2}, None, tiny_vocab_packages)
+    assert run.second_token_tv() > ENGINE_TV_BOUND
 
 
-def second_token_distance(name, options, verifier, packages) -> tuple[int, float]:
-    """(draws whose first token is the most common one, TV of their 2nd tokens from the target's
-    distribution given that first token) over `ENGINE_DRAWS` seeds."""
+@pytest.mark.parametrize(("name", "options"), [
+    ("int4_self", {"num_tokens": 2}), ("distilled", {"num_tokens": 2})], ids=["int4_self", "distilled"])
+def test_misreported_draft_distribution_is_detected(name, options, tiny_vocab_packages, single_thread):
+    """Power check of the draft check on the sampled drafters: one that reports a sharper distribution
+    than it samples from is caught with a third of the engine test's draws."""
+    run = sample_engine(name, options, None, tiny_vocab_packages,
+                        draws=400, misreport=lambda rows: torch.softmax(rows.clamp_min(1e-9).log() * 2.0, -1))
+    assert run.draft_rows and run.draft_tv() > DRAFT_TV_BOUND
+
+
+DRAFT_TV_BOUND = 0.08
+"""TV bound between a drafter's first node tokens (given the most common first token: ~975 draws)
+and the distribution it reports for that node. Lossless verification of sampled drafts rests on it
+(a deterministic draft, `draft_probs=None`, is lossless whatever it proposes). The emitted-token check
+sees such a mismatch only through its effect on the 2nd token, which a close target and drafter hide;
+this one reads the draft itself."""
+
+
+@dataclass
+class EngineSamples:
+    seconds: list[int]  # the 2nd emitted token of the draws whose first was the most common one
+    expected: torch.Tensor  # (V,) the target's distribution of that 2nd token
+    draft_tokens: list[int]  # the first proposal's node 0 in those draws, where the drafter reports draft_probs
+    draft_rows: list[torch.Tensor]  # (V,) its reported distribution in each
+
+    def second_token_tv(self) -> float:
+        return tv(self.seconds, self.expected)
+
+    def draft_tv(self) -> float:
+        """TV between the node-0 tokens and their reported distribution (the same in every draw:
+        the same context)."""
+        first = self.draft_rows[0]
+        assert all(torch.allclose(row, first, atol=1e-5) for row in self.draft_rows)
+        return tv(self.draft_tokens, first)
+
+
+def sample_engine(name, options, verifier, packages, *, draws: int = ENGINE_DRAWS, misreport=None) -> EngineSamples:
+    """`draws` seeded generations of 4 tokens after a fixed prompt on the tiny-vocabulary model,
+    recording each first proposal; `misreport` rewrites the reported draft rows (power checks)."""
     model = tiny_vocab_target()
     prompt = [1, 2, 1, 2, 1]
     if name in packages:
@@ -234,16 +275,30 @@ def second_token_distance(name, options, verifier, packages) -> tuple[int, float
     if options.get("model") == "package":
         options = options | {"model": packages["diffusion_lm"]}
     method = build_method(name, do_sample=True, options=options, verifier=verifier)
-    pairs = []
-    for seed in range(ENGINE_DRAWS):
+    propose, proposals = method.drafter.propose, []
+
+    def recorded(state, budget):
+        tree = propose(state, budget)
+        if misreport is not None and tree.draft_probs is not None:
+            tree = replace(tree, draft_probs=misreport(tree.draft_probs))
+        proposals.append(tree)
+        return tree
+
+    method.drafter.propose = recorded
+    pairs, firsts_proposed = [], []
+    for seed in range(draws):
+        proposals.clear()
         # 4 new tokens leave the first verify step a budget of 4 - 2 = 2 draft nodes (2 would leave none)
         out = generate(model, None, prompt, max_new_tokens=4, do_sample=True, seed=seed, stop_at_eos=False,
                        method=method)
         pairs.append(out.token_ids[:2])
+        firsts_proposed.append(proposals[0])
     firsts = [a for a, _ in pairs]
     common = max(set(firsts), key=firsts.count)
-    seconds = [b for a, b in pairs if a == common]
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + [common]])).logits[0, -1]
     expected = Sampler(SamplingConfig(do_sample=True)).probs(logits[None])[0]
-    return len(seconds), tv(seconds, expected)
+    drafted = [tree for (a, _), tree in zip(pairs, firsts_proposed, strict=True)
+               if a == common and tree.size and tree.draft_probs is not None]
+    return EngineSamples([b for a, b in pairs if a == common], expected, [int(t.tokens[0]) for t in drafted],
+                         [t.draft_probs[0].float().cpu() for t in drafted])

@@ -8,7 +8,7 @@ from tiny_models import greedy_target, naive_greedy
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.errors import CapabilityError
+from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.cuda_graphs import CudaGraphBackbone, padded_mask, padded_width
 
@@ -79,7 +79,7 @@ def test_steps_are_reused_and_bounded(target):
     cache = prefilled(target, [1, 2, 3])
     for tokens in ([[4]], [[5]], [[6, 7]], [[8, 9, 10]]):
         backbone(torch.tensor(tokens), cache=cache)
-    assert [key[3] for key in backbone._steps] == [2, 4]  # width 1 was used first and dropped
+    assert [key.width for key in backbone._steps] == [2, 4]  # width 1 was used first and dropped
 
 
 def test_graphs_need_a_cuda_model(target):
@@ -95,3 +95,25 @@ def test_every_drafter_decodes_the_same_tokens_through_the_static_step(target, n
                    method=build_method(name, options=drafter_options.get(name, {})))
     assert out.token_ids == naive_greedy(target, prompt, 24)
     assert backbone._steps  # the decode loop went through the static step
+
+
+def test_new_cache_hands_out_one_buffer_per_size_class(target):
+    backbone = CudaGraphBackbone(target, graphs=False)
+    first = backbone.new_cache(1, 40)
+    first.lengths[:] = 7
+    again = backbone.new_cache(1, 100)
+    assert again is first and first.lengths.tolist() == [0] and first.max_len == 256  # = max_seq_len here
+    assert backbone.new_cache(2, 40) is not first
+    with pytest.raises(ConfigError, match="exceeds the model's context"):
+        backbone.new_cache(1, 300)
+
+
+def test_later_generations_reuse_the_captured_steps(target):
+    backbone = CudaGraphBackbone(target, graphs=False)
+    method = build_method("prompt_lookup")
+    outputs = [generate(backbone, None, prompt, max_new_tokens=16, stop_at_eos=False, method=method).token_ids
+               for prompt in ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8])]
+    steps = dict(backbone._steps)
+    assert outputs[1] == naive_greedy(target, [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8], 16)
+    generate(backbone, None, [5, 6, 7, 8, 5, 6, 7, 8, 5, 6], max_new_tokens=16, stop_at_eos=False, method=method)
+    assert backbone._steps.keys() == steps.keys()  # no new step: same buffers, same widths

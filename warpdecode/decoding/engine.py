@@ -20,11 +20,6 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.backbone import Backbone
-from warpdecode.models.cache import KVCache
-
-CACHE_BLOCK = 256
-"""The loop's cache length rounds up to a multiple of this: generations of similar length get the
-same buffer shape, which the `cudagraphs` backend's captured steps are keyed on."""
 
 
 @dataclass
@@ -49,12 +44,11 @@ def run(
 ) -> tuple[list[int], FinishReason, DecodeStats]:
     """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget."""
     device = target.embed.weight.device
-    needed = len(prompt_ids) + max_new_tokens + method.max_tree_nodes + 1
-    cache = KVCache.for_model(target.config, 1, min(target.config.max_seq_len, -(-needed // CACHE_BLOCK) * CACHE_BLOCK),
-                              dtype=target.embed.weight.dtype, device=device)
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)
     method.verifier.prepare(target)
+    headroom = method.max_tree_nodes + 1
+    cache = target.new_cache(1, min(target.config.max_seq_len, len(prompt_ids) + max_new_tokens + headroom))
     # known once prepared (may depend on the target)
     hidden_layers = tuple(sorted({*method.drafter.needs_hidden_states, *method.verifier.needs_hidden_states}))
     stats = DecodeStats(prompt_tokens=len(prompt_ids))

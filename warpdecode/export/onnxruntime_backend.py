@@ -105,6 +105,9 @@ class OnnxRuntimeBackbone:
     def accepts_inputs_embeds(self) -> bool:
         return self.embeds_graph is not None
 
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.for_model(self.config, batch, max_len, dtype=self.embed.weight.dtype)
+
     def _switch_to_embeds(self) -> None:
         """Run the embeds variant from now on (see the module docstring)."""
         if self.embeds_graph is None:
@@ -167,7 +170,7 @@ class OnnxRuntimeBackbone:
                                   f"{sorted(missing)}; export with --hidden-layers including them")
         new_mask = new_token_mask(attention_mask, B, T)
         if cache is None:  # a cache-free forward over whole sequences: a scratch cache of exactly T slots
-            cache = KVCache.for_model(self.config, B, T, dtype=self.embed.weight.dtype)
+            cache = self.new_cache(B, T)
         elif cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but tokens have batch {B}")
         if positions is None:

@@ -44,6 +44,12 @@ class Backbone(Protocol):
         package has the embeds variant of the graph (`export.embeds_graph`)."""
         ...
 
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty cache of `batch` rows and at least `max_len` positions in this backbone's dtype
+        and device, for a generation's forwards (the cudagraphs backend hands the same buffers out
+        again, so that its captured steps replay)."""
+        ...
+
     def head(self, x: Tensor) -> Tensor:
         """LM head: (..., C) final normed hidden states → (..., V) logits."""
         ...

@@ -255,6 +255,10 @@ class Transformer(nn.Module):
     def torch_model(self) -> Transformer:
         return self
 
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        weight = self.embed.weight
+        return KVCache.for_model(self.config, batch, max_len, dtype=weight.dtype, device=weight.device)
+
     def pack_for_cpu_inference(self) -> int:
         """Give every linear layer and the LM head a oneDNN-packed weight copy (see
         `packed_linear`; q/k/v and gate/up are stacked into one matrix each); the number of packed
@@ -385,7 +389,7 @@ class Transformer(nn.Module):
         return x, hidden
 
     def forward_static(self, tokens: Tensor, positions: Tensor, start: Tensor, new_mask: Tensor, cache: KVCache,
-                       hidden_layers: Sequence[int] = ()) -> BackboneOutput:
+                       hidden_layers: Sequence[int] = (), inputs_embeds: Tensor | None = None) -> BackboneOutput:
         """`forward` with shapes and addresses that do not change from step to step, so that one CUDA
         graph can replay it (`models.cuda_graphs`): keys and values go to the slots `start + arange(T)`
         given by a device tensor, attention reads the whole cache under `cache_attention_mask`, and
@@ -396,9 +400,10 @@ class Transformer(nn.Module):
             positions: (B, T) int64 position ids, on the model's device.
             start: (1,) int64 on the model's device, the cache length before these tokens (every row's).
             new_mask: (B or 1, T, T) bool on the model's device, which new tokens each new token sees.
+            inputs_embeds: (B, T, C) block inputs instead of the token embeddings, as in `forward`.
         """
         T = tokens.shape[1]
-        x = self.embed(tokens)  # (B, T, C)
+        x = self.embed(tokens) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
             rope = None
