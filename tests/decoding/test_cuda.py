@@ -77,3 +77,17 @@ def test_graph_replays_equal_the_eager_static_step(target):
         outputs.append(steps)
     for graphed, eager in zip(*outputs, strict=True):
         torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_graphs_replay_across_generations(target):
+    """The second generation on the same backend replays the first one's graphs: the engine's cache
+    comes from `new_cache`, the same buffers each time."""
+    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+
+    backbone, method = CudaGraphBackbone(target), build_method("prompt_lookup")
+    for prompt in PROMPTS:
+        out = generate(backbone, None, prompt, max_new_tokens=24, stop_at_eos=False, method=method)
+        assert out.token_ids == naive_greedy(target, prompt, 24)
+    captured = backbone.captures
+    generate(backbone, None, PROMPTS[0], max_new_tokens=24, stop_at_eos=False, method=method)
+    assert backbone.captures == captured > 0
