@@ -16,7 +16,8 @@ from warpdecode.datamodules.corpus import CorpusDataModule
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import Transformer
-from warpdecode.modules.lightning_cli import build_cli, main, wandb_offline
+from warpdecode.modules import lightning_cli
+from warpdecode.modules.lightning_cli import build_cli, main, precision_for_this_machine, wandb_offline
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CODE = REPO / "configs" / "causal_lm" / "tiny-code.yaml"
@@ -36,12 +37,33 @@ def backbone_from_checkpoint(path: Path) -> Transformer:
     return model.eval()
 
 
+@pytest.mark.parametrize(("native", "precision", "accelerator", "expected"), [
+    (False, "bf16-mixed", "cpu", "32-true"),
+    (False, "bf16-true", "cpu", "32-true"),
+    (False, "16-mixed", "cpu", "16-mixed"),
+    (False, "bf16-mixed", "gpu", "bf16-mixed"),
+    (True, "bf16-mixed", "cpu", "bf16-mixed"),
+])
+def test_bf16_falls_back_on_a_cpu_that_emulates_it(monkeypatch, native, precision, accelerator, expected) -> None:
+    monkeypatch.setattr(lightning_cli, "cpu_has_native_bf16", lambda: native)
+    assert precision_for_this_machine(precision, accelerator) == expected
+
+
+def test_the_fallback_is_applied_said_and_can_be_refused(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(lightning_cli, "cpu_has_native_bf16", lambda: False)
+    cli = build_cli(["--config", str(TINY_CODE), "--trainer.accelerator=cpu"], run=False)
+    assert cli.config.trainer.precision == "32-true" and cli.trainer.precision == "32-true"
+    assert "precision bf16-mixed -> 32-true" in capsys.readouterr().err
+    kept = build_cli(["--config", str(TINY_CODE), "--trainer.accelerator=cpu", "--precision_fallback=false"], run=False)
+    assert kept.trainer.precision == "bf16-mixed"
+
+
 def test_tiny_code_recipe_round_trips(tmp_path: Path) -> None:
     cli = build_cli(["--config", str(TINY_CODE)], run=False)
     config = cli.config
     assert config.model.class_path == "warpdecode.modules.causal_lm.CausalLM"
     assert (config.data.init_args.source, config.data.init_args.bpe_vocab_size) == ("stdlib", 8192)
-    assert config.trainer.precision == "bf16-mixed"
+    assert config.trainer.precision == precision_for_this_machine("bf16-mixed", "auto")
     assert config.trainer.logger.class_path == "lightning.pytorch.loggers.WandbLogger"
     assert config.trainer.logger.init_args.offline is True
     # V*d embeddings (tied) + 6 blocks of attention 4*d*d, SwiGLU 3*d*864, two norms; final norm
