@@ -169,7 +169,6 @@ class WarpdecodeCLI(LightningCLI):
             }
         )
 
-
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if not config.get("precision_fallback", True):
