@@ -63,12 +63,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def drafter_options(tmp_path_factory):
     """Constructor options that let every registered drafter run on the 64-token tiny targets:
     `DRAFTER_OPTIONS` plus a token-id corpus for the retrieval drafter (random ids and a repeated
-    pattern that the suites' repetitive prompts share) and untrained EAGLE, Medusa, Hydra, Clover, PPD and
-    distilled drafter packages for `greedy_target()`."""
+    pattern that the suites' repetitive prompts share) and untrained EAGLE (fusing hidden states 1
+    and 3, EAGLE-3 style), Medusa, Hydra, Clover, PPD and distilled drafter packages for
+    `greedy_target()`."""
     path = tmp_path_factory.mktemp("retrieval") / "corpus.npy"
     rng = np.random.default_rng(0)
     np.save(path, np.concatenate([rng.integers(0, 64, 300), np.tile([5, 6, 7, 8], 6), rng.integers(0, 64, 100)]))
-    eagle = eagle_package(greedy_target(), tmp_path_factory.mktemp("eagle") / "drafter")
+    eagle = eagle_package(greedy_target(), tmp_path_factory.mktemp("eagle") / "drafter", feature_layers=(1, 3))
     heads = {kind: {"path": heads_package(greedy_target(), tmp_path_factory.mktemp(kind) / "drafter", kind)}
              for kind in ("medusa", "hydra")}
     router = layer_router_package(greedy_target(), tmp_path_factory.mktemp("first") / "router", skip=(1,))

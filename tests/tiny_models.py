@@ -73,26 +73,31 @@ def tv(samples: list[int], probs: torch.Tensor) -> float:
     return 0.5 * (freq - probs.double()).abs().sum().item()
 
 
-def feature_drafter_package(kind: str, target: Transformer, directory, *, seed: int = 0, std: float = 0.3) -> str:
+def feature_drafter_package(kind: str, target: Transformer, directory, *, seed: int = 0, std: float = 0.3,
+                            **options) -> str:
     """An untrained EAGLE or Clover (`kind`) package for `target` (random weights of `std`, a draft
-    vocabulary of all but the last eighth of the tokens, a 6-node static tree), saved in `directory`."""
+    vocabulary of all but the last eighth of the tokens, a 6-node static tree, network `options`
+    such as EAGLE's `feature_layers`), saved in `directory`."""
     from warpdecode.models.clover import CloverNet
     from warpdecode.models.drafter_package import DrafterPackage
     from warpdecode.models.eagle import EagleNet
 
     torch.manual_seed(seed)
     vocab = target.config.vocab_size - target.config.vocab_size // 8
-    net = {"eagle": EagleNet, "clover": CloverNet}[kind](target.config, vocab)
+    net = {"eagle": EagleNet, "clover": CloverNet}[kind](target.config, vocab, **options)
     net.init_from_target(target, torch.arange(vocab), std=std)
     tree = {"rank_paths": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]}
-    package = DrafterPackage(kind, DrafterPackage.describe_target(target, "tiny"),
-                             {"draft_vocab_size": vocab, "d_ff": target.config.d_ff}, net.trainable_state(), tree)
+    config = {"draft_vocab_size": vocab, "d_ff": target.config.d_ff, **options}
+    package = DrafterPackage(kind, DrafterPackage.describe_target(target, "tiny"), config, net.trainable_state(), tree)
     return str(package.save(directory))
 
 
-def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3) -> str:
-    """An untrained EAGLE drafter package for `target` (`feature_drafter_package`)."""
-    return feature_drafter_package("eagle", target, directory, seed=seed, std=std)
+def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3,
+                  feature_layers: tuple[int, ...] | None = None) -> str:
+    """An untrained EAGLE drafter package for `target` (`feature_drafter_package`), fusing the target's
+    `feature_layers` (EAGLE-3) when given."""
+    options = {} if feature_layers is None else {"feature_layers": list(feature_layers)}
+    return feature_drafter_package("eagle", target, directory, seed=seed, std=std, **options)
 
 
 def clover_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3) -> str:

@@ -20,16 +20,17 @@ def target():
     return greedy_target()
 
 
-@pytest.fixture(scope="module")
-def package(target, tmp_path_factory):
-    return eagle_package(target, tmp_path_factory.mktemp("eagle") / "drafter", std=0.5)
+@pytest.fixture(scope="module", params=[None, (1, 3)], ids=["final-feature", "fused-features"])
+def package(target, tmp_path_factory, request):
+    """An EAGLE drafter on the target's final feature, and one fusing hidden states 1 and 3 (EAGLE-3)."""
+    return eagle_package(target, tmp_path_factory.mktemp("eagle") / "drafter", std=0.5, feature_layers=request.param)
 
 
 def naive_chain(target, net: EagleNet, prompt: list[int], pending: int, depth: int) -> list[int]:
     """Reference: recompute every draft step from scratch, without cache, tree or reduced-vocab tricks."""
     with torch.inference_mode():
-        L = target.config.n_layer
-        features = target(torch.tensor([prompt]), hidden_layers=(L,)).hidden_states[L][0]  # (T, C)
+        hidden = target(torch.tensor([prompt]), hidden_layers=net.feature_layers).hidden_states
+        features = net.target_feature({j: h[0] for j, h in hidden.items()})  # (T, C)
         tokens = prompt[1:] + [pending]
         drafted: list[int] = []
         for _ in range(depth):
@@ -63,6 +64,7 @@ def test_chain_follows_the_network(target, package):
         EagleDraft.propose = original
     net = method.drafter.net
     assert net is not None and len(captured) >= 3
+    assert method.drafter.needs_hidden_states == net.feature_layers
     for tokens, drafted, parents in captured[:3]:
         assert parents == [-1, 0, 1, 2]
         assert drafted == naive_chain(target, net, tokens[:-1], tokens[-1], 4)

@@ -10,9 +10,9 @@ from warpdecode.export.package import export_package
 
 @pytest.fixture(scope="session")
 def tiny_package(tmp_path_factory, drafter_options) -> Path:
-    """`greedy_target()` exported with hidden states 1 and 3 (its final one), its untrained EAGLE,
+    """`greedy_target()` exported with hidden states 1 and 3 (its final one: those its EAGLE fuses), its untrained EAGLE,
     Medusa, Hydra, distilled and Clover drafters, and int8 and int4 graphs; no tokenizer."""
     drafters = [drafter_options[kind]["path"] for kind in ("eagle", "medusa", "hydra", "distilled", "clover")]
     return export_package(greedy_target(), None, tmp_path_factory.mktemp("pkg") / "tiny", source="greedy_target",
-                          hidden_layers=(1, 3), drafters=drafters, generation={"method": "hydra"},
+                          drafters=drafters, generation={"method": "hydra"},
                           quantize=("int8", "int4"))

@@ -107,10 +107,14 @@ def test_drafter_of_another_target_is_refused_at_export(tmp_path):
     assert not (tmp_path / "pkg").exists()
 
 
-def test_drafters_need_the_final_hidden_state(tmp_path, drafter_options):
-    with pytest.raises(ConfigError, match="read hidden state 3"):
-        export_package(greedy_target(), None, tmp_path / "pkg", source="x", hidden_layers=(1,),
+@pytest.mark.parametrize("layers", [(1,), (3,)])
+def test_drafters_need_the_hidden_states_they_read(tmp_path, drafter_options, layers):
+    """The shared EAGLE drafter fuses hidden states 1 and 3; left to itself the export adds them (the
+    `tiny_package` manifest above lists both)."""
+    with pytest.raises(ConfigError, match=r"read hidden states \[1, 3\]"):
+        export_package(greedy_target(), None, tmp_path / "pkg", source="x", hidden_layers=layers,
                        drafters=[drafter_options["eagle"]["path"]])
+    assert not (tmp_path / "pkg").exists()
 
 
 

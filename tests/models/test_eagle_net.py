@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.eagle import EagleNet, shift_left, ttt_mask
@@ -61,3 +62,21 @@ def test_unrolled_steps_equal_inference_drafting():
                                         torch.tensor([[i + 1 + k]]), cache)
             torch.testing.assert_close(steps[k][0][:, i], feature[:, 0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(steps[k][1][:, i], draft_logits[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_features_start_as_the_final_feature():
+    target, _ = tiny_pair()
+    net = EagleNet(target.config, draft_vocab_size=40, feature_layers=(0, 1, 2))
+    net.init_from_target(target, torch.arange(5, 45), std=0.0)
+    hidden = target(torch.randint(0, 50, (1, 6)), hidden_layers=(0, 1, 2)).hidden_states
+    torch.testing.assert_close(net.target_feature(hidden), hidden[2])
+    assert net.fuse is not None and net.fuse.weight.shape == (32, 96)
+    assert "fuse.weight" in net.trainable_state()
+    assert EagleNet(target.config, draft_vocab_size=40).fuse is None  # the final feature alone needs no fusion
+
+
+@pytest.mark.parametrize("layers", [(1,), (1, 2, 2), (2, 5)])
+def test_feature_layers_include_the_final_one_once(layers):
+    target, _ = tiny_pair()
+    with pytest.raises(ConfigError, match="feature_layers"):
+        EagleNet(target.config, draft_vocab_size=40, feature_layers=layers)

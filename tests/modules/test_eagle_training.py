@@ -20,15 +20,22 @@ def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
         frequent_tokens(counts, 1, always=[1, 5])
 
 
+@pytest.mark.parametrize(("feature_layers", "feature_weight"), [(None, 1.0), ([1, 2], 0.0)],
+                         ids=["final-feature", "fused-features-token-loss"])
 def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, self_distill_data, tmp_path,
-                                                                        fit_drafter, accepted_on_training_prompts):
+                                                                        fit_drafter, accepted_on_training_prompts,
+                                                                        feature_layers, feature_weight):
+    """EAGLE, and EAGLE-3's variant: hidden states 1 and 2 (the final one) fused, computed by the
+    frozen target while training, and no feature loss."""
     module = EagleDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
-                          token_weight=1.0, tree_nodes=6, export_dir=str(tmp_path / "drafter"))
+                          feature_layers=feature_layers, feature_weight=feature_weight, token_weight=1.0,
+                          tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     trainer, before, after = fit_drafter(module, epochs=40)
     assert after > before + 0.15, (before, after)
     assert trainer.callback_metrics["val/tau/tree"].item() >= after - 1e-6  # the data-built tree beats the chain
 
     package = DrafterPackage.load(tmp_path / "drafter", "eagle")
+    assert package.config["feature_layers"] == (feature_layers or [2])
     assert len(package.tree["rank_paths"]) == 6
     assert package.training["tokens_seen"] > 0 and package.training["val_tau_tree"] >= package.training["val_tau_chain"]
     curve = package.training["val_tau_by_nodes"]
@@ -37,3 +44,13 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
     assert set(package.weights["draft_vocab"].tolist()) >= set(counts.nonzero().flatten().tolist()[:1])
     # the trained drafter's drafts get accepted on prompts it was trained on, losslessly
     assert accepted_on_training_prompts("eagle", {"path": str(tmp_path / "drafter")}, prompts=4) > 0
+
+
+@pytest.mark.parametrize(("name", "fused"), [("eagle", False), ("eagle3", True)])
+def test_recipes_name_the_drafter_and_its_arguments(name, fused, drafter_recipe):
+    overrides = {"feature_layers": [1, 2]} if fused else {}  # the tiny target has 2 blocks
+    recipe, module = drafter_recipe(name, **overrides)
+    assert type(module) is EagleDrafter
+    assert (module.net.fuse is not None) == fused
+    assert (module.hparams["feature_weight"] == 0.0) == fused  # EAGLE-3 trains on the token loss alone
+    assert recipe["data"]["init_args"]["features"]  # one self-distillation cache for every recipe

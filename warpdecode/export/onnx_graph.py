@@ -119,7 +119,7 @@ def clean_graph(model: Any, iterations: int = 2) -> None:
     sequence ops that cost ONNX Runtime ~25% of a decode step). Transposes are not folded: the weights
     keep their state-dict names (ONNX Runtime folds their transposes itself when it loads the graph)."""
     import onnx_ir as ir
-    import onnx_ir.passes.common as common
+    from onnx_ir.passes import common
     from onnxscript.optimizer import _constant_folding
     from onnxscript.rewriter import RewritePass
 

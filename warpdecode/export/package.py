@@ -110,7 +110,7 @@ def export_package(
     Args:
         source: how the model was named (recorded in the manifest).
         hidden_layers: hidden states the graph returns (default: the final one, which every learned
-            drafter reads).
+            drafter reads, and those the included drafters fuse into their features, EAGLE-3 style).
         drafters: trained drafter package directories to include; each must have been trained for `model`.
         generation: generation defaults recorded for `generate --package` (e.g. max_new_tokens, method).
         quantize: also write quantised graphs (`onnx_graph.QUANTIZATIONS`: int8, int4; backends
@@ -134,9 +134,12 @@ def export_package(
     unknown = set(quantize) - set(QUANTIZATIONS)
     if unknown:
         raise ConfigError(f"quantization must be among {', '.join(QUANTIZATIONS)}, got {sorted(unknown)}")
-    if included and model.config.n_layer not in layers:
-        raise ConfigError(f"the drafters read hidden state {model.config.n_layer} (the final one); "
-                          f"export it (hidden layers {list(layers)} were asked for)")
+    read = {j for package in included.values() for j in package.config.get("feature_layers", [model.config.n_layer])}
+    if hidden_layers is None:
+        layers = tuple(sorted({*layers, *read}))
+    elif not read <= set(layers):
+        raise ConfigError(f"the drafters read hidden states {sorted(read)}; export them "
+                          f"(hidden layers {list(layers)} were asked for)")
     start = time.perf_counter()
     with atomic_directory(out) as tmp:
         graph, aliases = export_step_graph(model, tmp / GRAPH, layers)

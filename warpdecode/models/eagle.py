@@ -18,16 +18,23 @@ query attends to the true pairs up to its start (causal) and to its own earlier 
 start (a diagonal), exactly what the query of the k-th drafted token sees at inference.
 
 Pair i sits at position i + 1 (the position of its token), as it does in the draft cache.
+
+Fused features (EAGLE-3): with `feature_layers` naming several of the target's hidden states (a low,
+a middle and the final one), the target's feature for pair i is `fuse([h_low; h_mid; f_i])`, a
+linear map to C; the drafter's own predicted features stay C-wide and skip the fusion. The lower
+layers still carry what the final one discards for predicting only the next token.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
@@ -65,10 +72,19 @@ class EagleNet(DraftVocabNet):
 
     head_key = "layer.lm_head.weight"
 
-    def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> None:
+    def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None,
+                 feature_layers: Sequence[int] | None = None) -> None:
+        """feature_layers: the target's hidden states (0..L) fused into its feature, in this order; the
+        final one (L) must be among them (default: only L)."""
         super().__init__(draft_vocab_size)
         self.config = draft_backbone_config(target_config, 1, draft_vocab_size, d_ff)
-        C = target_config.d_model
+        L, C = target_config.n_layer, target_config.d_model
+        self.feature_layers = tuple(feature_layers) if feature_layers is not None else (L,)
+        if L not in self.feature_layers or len(set(self.feature_layers)) != len(self.feature_layers) or \
+                not set(self.feature_layers) <= set(range(L + 1)):
+            raise ConfigError(f"eagle feature_layers must be distinct layers in 0..{L} including the final one "
+                              f"({L}), got {list(self.feature_layers)}")
+        self.fuse = Linear(len(self.feature_layers) * C, C, bias=False) if len(self.feature_layers) > 1 else None
         self.fc = Linear(2 * C, C, bias=True)
         self.layer = Transformer(self.config)
         del self.layer.embed  # the pair input replaces the token embedding (`inputs_embeds`)
@@ -92,18 +108,33 @@ class EagleNet(DraftVocabNet):
             nn.init.normal_(self.fc.weight, std=std)
             self.fc.weight[:, :C] += torch.eye(C)
             nn.init.zeros_(self.fc.bias)
+            if self.fuse is not None:  # starts as the final feature plus small contributions of the others
+                nn.init.normal_(self.fuse.weight, std=std)
+                final = self.feature_layers.index(target.config.n_layer)
+                self.fuse.weight[:, final * C : (final + 1) * C] += torch.eye(C)
             self.layer.norm.load_state_dict(target.norm.state_dict())
             self.draft_vocab.copy_(draft_vocab)
         self.tie_head(target)
 
     def pack(self) -> None:
         self.layer.pack_for_cpu_inference()
-        self.fc.pack()
+        for linear in self._inputs():
+            linear.pack()
 
     def unpack(self) -> None:
         """Drop the packed copies (an ONNX export traces the dense weights)."""
         self.layer.unpack()
-        self.fc.unpack()
+        for linear in self._inputs():
+            linear.unpack()
+
+    def _inputs(self) -> list[Linear]:
+        return [self.fc] if self.fuse is None else [self.fc, self.fuse]
+
+    def target_feature(self, hidden_states: dict[int, Tensor]) -> Tensor:
+        """The target's feature (..., C) from its hidden states `feature_layers` (each (..., C))."""
+        if self.fuse is None:
+            return hidden_states[self.feature_layers[0]]
+        return self.fuse(torch.cat([hidden_states[j] for j in self.feature_layers], dim=-1))
 
     def pair_inputs(self, features: Tensor, tokens: Tensor, embed: nn.Embedding) -> Tensor:
         """features (B, T, C) and next tokens (B, T) → block inputs (B, T, C)."""
@@ -132,7 +163,7 @@ class EagleNet(DraftVocabNet):
         """Training-time test: `steps` drafting steps from every start position of teacher-forced sequences.
 
         Args:
-            features: (B, T, C) target features f_0..f_{T-1}.
+            features: (B, T, C) target features f_0..f_{T-1} as the drafter reads them (`target_feature`).
             tokens: (B, T) int64 tokens x_0..x_{T-1}.
         Returns:
             per step k, predicted features (B, T-1, C) and logits (B, T-1, N); entry i of step k

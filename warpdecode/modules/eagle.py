@@ -3,7 +3,10 @@
 Loss per unrolled drafting step k (training-time test, weighted `step_decay**k`):
 `feature_weight * SmoothL1(f̂, f) + token_weight * CE(draft logits, target distribution)`, where
 the target distribution is the target's softmax over the draft vocabulary at the same position
-(distillation, so prompt positions teach as much as answer positions). EAGLE uses weights 1.0 and 0.1.
+(distillation, so prompt positions teach as much as answer positions). EAGLE uses weights 1.0 and 0.1;
+EAGLE-3 drops the feature loss (weight 0) and fuses several of the target's layers into the feature
+(`feature_layers`), which the frozen target then computes during training (the on-disk feature
+cache holds only the final layer).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class EagleDrafter(DrafterModule):
         target: str = DEFAULT_MODEL,
         draft_vocab_size: int = 8192,
         d_ff: int | None = None,
+        feature_layers: list[int] | None = None,
         steps: int = 5,
         step_decay: float = 0.8,
         feature_weight: float = 1.0,
@@ -47,6 +51,8 @@ class EagleDrafter(DrafterModule):
             draft_vocab_size: Tokens the drafter can propose: the most frequent ones in the training
                 answers (stop tokens always included); the head is the target's LM head rows of them.
             d_ff: MLP width of the draft block (default: the target's).
+            feature_layers: The target's hidden states (0..L, the final one L included) fused into the
+                drafter's input feature, EAGLE-3 style (default: only the final one).
             steps: Drafting steps unrolled in training (training-time test); also the depth of the
                 validation ranks the simulated acceptance and the tree are computed from.
             step_decay: Loss weight of step k is step_decay**k.
@@ -68,7 +74,7 @@ class EagleDrafter(DrafterModule):
                          max_rank, export_dir)
         self.save_hyperparameters()
         vocab = min(draft_vocab_size, self.target.config.vocab_size)
-        self.net = EagleNet(self.target.config, vocab, d_ff)
+        self.net = EagleNet(self.target.config, vocab, d_ff, feature_layers)
         self.net.tie_head(self.target)
 
     def init_drafter(self, draft_vocab: Tensor) -> None:
@@ -76,11 +82,17 @@ class EagleDrafter(DrafterModule):
         self._initialised = True
 
     def _unroll(self, batch: dict[str, Tensor]) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
-        """The unrolled steps and the (B, T, C) target features."""
-        features = self.features(batch)
-        outputs = self.net.unrolled(features.to(self.net.fc.weight.dtype), batch["tokens"], self.target.embed,
-                                    self.hparams["steps"])
-        return outputs, features
+        """The unrolled steps and the (B, T, C) target's final features."""
+        L, dtype = self.target.config.n_layer, self.net.fc.weight.dtype
+        if self.net.fuse is None:
+            hidden = {L: self.features(batch)}
+        else:
+            with torch.no_grad():
+                hidden = self.target(batch["tokens"], hidden_layers=self.net.feature_layers,
+                                     logits_slice=slice(0, 0)).hidden_states
+        fused = self.net.target_feature({j: h.detach().to(dtype) for j, h in hidden.items()})
+        outputs = self.net.unrolled(fused, batch["tokens"], self.target.embed, self.hparams["steps"])
+        return outputs, hidden[L]
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         outputs, features = self._unroll(batch)
@@ -111,4 +123,5 @@ class EagleDrafter(DrafterModule):
         return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, steps)
 
     def package_config(self) -> dict[str, Any]:
-        return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff}
+        return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff,
+                "feature_layers": list(self.net.feature_layers)}

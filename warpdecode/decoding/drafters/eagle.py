@@ -84,20 +84,32 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         return self.graphs or self.net
 
     def build(self, target: Backbone, config: dict[str, Any]) -> EagleNet:
-        return EagleNet(target.config, config["draft_vocab_size"], config["d_ff"])
+        return EagleNet(target.config, config["draft_vocab_size"], config["d_ff"], config.get("feature_layers"))
+
+    def prepare(self, target: Backbone) -> None:
+        super().prepare(target)
+        assert self.net is not None
+        self.needs_hidden_states = self.net.feature_layers
 
     def start(self, state: DecodeState) -> None:
         assert self.net is not None, "prepare() must run first"
         self.cache = KVCache.for_model(self.net.config, 1, state.cache.max_len, dtype=self.net.fc.weight.dtype,
                                        device=state.cache.k[0].device)
         self.committed = 0
-        features = state.hidden_states[self.needs_hidden_states[0]]  # (T_prompt, C): after each prompt token
-        self.pairs = (features, state.tokens[1:])
+        self.pairs = (self.target_feature(state), state.tokens[1:])  # features after each prompt token
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
         # The verify forward's features after the old pending token and each accepted node; the
         # token after each is the next accepted token, then the bonus token.
-        self.pairs = (state.hidden_states[self.needs_hidden_states[0]], result.tokens)
+        self.pairs = (self.target_feature(state), result.tokens)
+
+    @torch.inference_mode()
+    def target_feature(self, state: DecodeState) -> Tensor:
+        """(m, C) the target's features of the last forward's kept rows (fused from several layers by the
+        PyTorch network, also on an ONNX Runtime target)."""
+        assert self.net is not None
+        return self.net.target_feature({j: state.hidden_states[j].to(self.net.fc.weight.dtype)
+                                        for j in self.net.feature_layers})
 
     def run(self, features: Tensor, tokens: list[int], depths: list[int], mask: Tensor | None) -> Tensor:
         """Feed pairs after the committed ones; (n, C) predicted features (logits: `self.network.head`).
