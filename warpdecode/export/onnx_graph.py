@@ -113,21 +113,40 @@ def rewrite_rules() -> tuple[Any, ...]:
             rules.two_reshapes_matmul_reshape_rule)
 
 
+def keep_weight_transposes(node: Any) -> bool | None:
+    """Constant folding leaves transposes alone, so the weights keep their state-dict names (ONNX
+    Runtime folds their transposes itself when it loads the graph); other nodes: onnxscript decides."""
+    return False if node.op_type == "Transpose" else None
+
+
 def clean_graph(model: Any, iterations: int = 2) -> None:
     """Fold constants and apply `rewrite_rules()` to an exported ONNX IR model in place, as
     `onnxscript.optimizer.optimize_ir` does with its default rules (the raw export splits q/k/v through
-    sequence ops that cost ONNX Runtime ~25% of a decode step). Transposes are not folded: the weights
-    keep their state-dict names (ONNX Runtime folds their transposes itself when it loads the graph)."""
+    sequence ops that cost ONNX Runtime ~25% of a decode step), transposes excepted
+    (`keep_weight_transposes`). An onnxscript without these rules or passes (they are tested on the
+    version constraints.txt pins) gets `optimize_ir` with its default rules, with a warning: the same
+    graph, ~40 s slower on the default model."""
     import onnx_ir as ir
     from onnx_ir.passes import common
-    from onnxscript.optimizer import _constant_folding
-    from onnxscript.rewriter import RewritePass
 
+    try:
+        from onnxscript.optimizer import _constant_folding
+        from onnxscript.rewriter import RewritePass
+
+        rules = rewrite_rules()
+    except (ImportError, AttributeError) as error:
+        from onnxscript.optimizer import optimize_ir
+
+        warnings.warn(f"this onnxscript lacks a rewrite rule or pass warpdecode selects ({error}); cleaning the "
+                      f"graph with onnxscript's default optimizer instead (slower export, same graph)",
+                      RuntimeWarning, stacklevel=2)
+        optimize_ir(model, num_iterations=iterations, should_fold=keep_weight_transposes)
+        return
     fold = _constant_folding.FoldConstantsPass(
         shape_inference=True, input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
         output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-        should_fold=lambda node: False if node.op_type == "Transpose" else None)
-    loop = ir.passes.PassManager([fold, RewritePass(rewrite_rules()), common.RemoveUnusedNodesPass(),
+        should_fold=keep_weight_transposes)
+    loop = ir.passes.PassManager([fold, RewritePass(rules), common.RemoveUnusedNodesPass(),
                                   common.RemoveUnusedFunctionsPass(), common.RemoveUnusedOpsetsPass()],
                                  steps=iterations, early_stop=True)
     ir.passes.Sequential(
