@@ -118,16 +118,17 @@ class EagleNet(DraftVocabNet):
 
     def pack(self) -> None:
         self.layer.pack_for_cpu_inference()
-        for linear in self._inputs():
+        for linear in self._input_linears():
             linear.pack()
 
     def unpack(self) -> None:
         """Drop the packed copies (an ONNX export traces the dense weights)."""
         self.layer.unpack()
-        for linear in self._inputs():
+        for linear in self._input_linears():
             linear.unpack()
 
-    def _inputs(self) -> list[Linear]:
+    def _input_linears(self) -> list[Linear]:
+        """The linear layers in front of the block: fc, and the fusion of several target layers if any."""
         return [self.fc] if self.fuse is None else [self.fc, self.fuse]
 
     def target_feature(self, hidden_states: dict[int, Tensor]) -> Tensor:
