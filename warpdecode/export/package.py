@@ -120,7 +120,6 @@ def export_package(
     from warpdecode.models.checkpoint import atomic_directory
 
     out = Path(out)
-    layers = hidden_layers if hidden_layers is not None else (model.config.n_layer,)
     fingerprint = model.fingerprint()
     included: dict[str, DrafterPackage] = {}
     sources: dict[str, Path] = {}
@@ -135,9 +134,8 @@ def export_package(
     if unknown:
         raise ConfigError(f"quantization must be among {', '.join(QUANTIZATIONS)}, got {sorted(unknown)}")
     read = {j for package in included.values() for j in package.config.get("feature_layers", [model.config.n_layer])}
-    if hidden_layers is None:
-        layers = tuple(sorted({*layers, *read}))
-    elif not read <= set(layers):
+    layers = hidden_layers if hidden_layers is not None else tuple(sorted({model.config.n_layer, *read}))
+    if not read <= set(layers):
         raise ConfigError(f"the drafters read hidden states {sorted(read)}; export them "
                           f"(hidden layers {list(layers)} were asked for)")
     start = time.perf_counter()

@@ -104,11 +104,18 @@ class DrafterModule(FrozenTarget, LightningModule):
 
     def features(self, batch: dict[str, Tensor]) -> Tensor:
         """(B, T, C) target features of the batch: cached, or computed now by the frozen target."""
-        if "features" in batch:
-            return batch["features"]
         L = self.target.config.n_layer
+        return self.hidden_states(batch, (L,))[L]
+
+    def hidden_states(self, batch: dict[str, Tensor], layers: tuple[int, ...]) -> dict[int, Tensor]:
+        """The frozen target's (B, T, C) hidden states `layers` of the batch: the final one from the
+        datamodule's feature cache when it is the only one asked for, else one forward now."""
+        L = self.target.config.n_layer
+        if layers == (L,) and "features" in batch:
+            return {L: batch["features"]}
         with torch.no_grad():
-            return self.target(batch["tokens"], hidden_layers=(L,), logits_slice=slice(0, 0)).hidden_states[L].detach()
+            hidden = self.target(batch["tokens"], hidden_layers=layers, logits_slice=slice(0, 0)).hidden_states
+        return {j: h.detach() for j, h in hidden.items()}
 
     # ---- training ---------------------------------------------------------------------------
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:

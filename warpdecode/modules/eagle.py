@@ -83,16 +83,10 @@ class EagleDrafter(DrafterModule):
 
     def _unroll(self, batch: dict[str, Tensor]) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
         """The unrolled steps and the (B, T, C) target's final features."""
-        L, dtype = self.target.config.n_layer, self.net.fc.weight.dtype
-        if self.net.fuse is None:
-            hidden = {L: self.features(batch)}
-        else:
-            with torch.no_grad():
-                hidden = self.target(batch["tokens"], hidden_layers=self.net.feature_layers,
-                                     logits_slice=slice(0, 0)).hidden_states
-        fused = self.net.target_feature({j: h.detach().to(dtype) for j, h in hidden.items()})
+        hidden = self.hidden_states(batch, self.net.feature_layers)
+        fused = self.net.target_feature({j: h.to(self.net.fc.weight.dtype) for j, h in hidden.items()})
         outputs = self.net.unrolled(fused, batch["tokens"], self.target.embed, self.hparams["steps"])
-        return outputs, hidden[L]
+        return outputs, hidden[self.target.config.n_layer]
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         outputs, features = self._unroll(batch)
