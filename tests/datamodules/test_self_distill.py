@@ -82,8 +82,9 @@ def test_answers_are_greedy_output_and_features_hidden_states(tiny_model_dir, pr
     assert dm.stats["prompt_tokens"] == sum(map(len, expected_prompts)) and dm.stats["skipped_prompts"] == 0
 
 
-def test_batches_are_padded_and_mark_exactly_the_answers(tiny_model_dir, prompt_file, tmp_path):
-    dm = make(tiny_model_dir, prompt_file, tmp_path)
+@pytest.mark.parametrize("group_by_length", [True, False])
+def test_batches_are_padded_and_mark_exactly_the_answers(tiny_model_dir, prompt_file, tmp_path, group_by_length):
+    dm = make(tiny_model_dir, prompt_file, tmp_path, group_by_length=group_by_length)
     dm.setup()  # without prepare_data: generates on its own
     seen = 0
     for batch in dm.train_dataloader():

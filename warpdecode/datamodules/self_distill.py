@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from warpdecode.bench.prompts import dataset_file
-from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader
+from warpdecode.datamodules.blocks import Batched, EpochShuffleSampler, LengthGroupedBatches, ResumableLoader
 from warpdecode.datamodules.corpus import read_jsonl, split_of, stdlib_split_files
 from warpdecode.datamodules.instructions import INSTRUCTION_SOURCES
 from warpdecode.datamodules.instructions import source_stamp as instruction_stamp
@@ -369,6 +369,7 @@ class SelfDistillDataModule(LightningDataModule):
         cache_dir: str | None = None,
         seed: int = 0,
         num_workers: int = 0,
+        group_by_length: bool = True,
     ) -> None:
         """
         Args:
@@ -390,6 +391,10 @@ class SelfDistillDataModule(LightningDataModule):
             cache_dir: Where the regenerated data is cached; default `$WARPDECODE_CACHE/self_distill`.
             seed: Seed of the built-in sources' prompt order and of the training shuffle (per epoch).
             num_workers: DataLoader worker processes.
+            group_by_length: Batch examples of similar length together (`LengthGroupedBatches`:
+                shuffled groups of 32 batches, sorted within each group; validation sorted by
+                length), so batches padded to their longest example waste little compute. False:
+                uniformly shuffled batches.
         """
         super().__init__()
         for name, value in (("max_prompts", max_prompts), ("max_new_tokens", max_new_tokens),
@@ -411,7 +416,7 @@ class SelfDistillDataModule(LightningDataModule):
         self.generation_batch_size, self.generation_device = generation_batch_size, generation_device
         self.features = features
         self.batch_size, self.val_fraction, self.num_workers = batch_size, val_fraction, num_workers
-        self.seed = seed
+        self.seed, self.group_by_length = seed, group_by_length
         self.cache_dir = Path(cache_dir) if cache_dir else warpdecode_cache_dir() / "self_distill"
         self.datasets: dict[str, DistillDataset] = {}
         self.tokenizer: Tokenizer | None = None
@@ -551,13 +556,17 @@ class SelfDistillDataModule(LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         if not self.datasets:
             raise RuntimeError("call setup() before asking for a dataloader")
-        dataset = self.datasets[split]
-        if split == "train":
-            return ResumableLoader(dataset, batch_size=self.batch_size, collate_fn=self.batch_collate(split),
-                                   sampler=EpochShuffleSampler(len(dataset), self.seed),
-                                   num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-        return DataLoader(dataset, batch_size=self.batch_size, collate_fn=self.batch_collate(split),
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        dataset, train = self.datasets[split], split == "train"
+        loader = ResumableLoader if train else DataLoader
+        workers = {"num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
+        if self.group_by_length:
+            batches = LengthGroupedBatches([len(e.tokens) for e in dataset.examples], self.batch_size,
+                                           self.seed if train else None)
+            return loader(Batched(dataset), batch_size=None, sampler=batches, collate_fn=self.batch_collate(split),
+                          **workers)
+        sampler = EpochShuffleSampler(len(dataset), self.seed) if train else None
+        return loader(dataset, batch_size=self.batch_size, sampler=sampler, collate_fn=self.batch_collate(split),
+                      **workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
