@@ -45,6 +45,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Sampler as IndexSampler
 from tqdm.auto import tqdm
 
 from warpdecode.bench.prompts import dataset_file
@@ -557,16 +558,18 @@ class SelfDistillDataModule(LightningDataModule):
         if not self.datasets:
             raise RuntimeError("call setup() before asking for a dataloader")
         dataset, train = self.datasets[split], split == "train"
-        loader = ResumableLoader if train else DataLoader
-        workers = {"num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
-        if self.group_by_length:
+        sampler: IndexSampler[Any] | None
+        if self.group_by_length:  # whole batches from the sampler (batch_size=None)
             batches = LengthGroupedBatches([len(e.tokens) for e in dataset.examples], self.batch_size,
                                            self.seed if train else None)
-            return loader(Batched(dataset), batch_size=None, sampler=batches, collate_fn=self.batch_collate(split),
-                          **workers)
-        sampler = EpochShuffleSampler(len(dataset), self.seed) if train else None
-        return loader(dataset, batch_size=self.batch_size, sampler=sampler, collate_fn=self.batch_collate(split),
-                      **workers)
+            items: Dataset[Any] = Batched(dataset)
+            batch_size, sampler = None, batches
+        else:
+            items, batch_size = dataset, self.batch_size
+            sampler = EpochShuffleSampler(len(dataset), self.seed) if train else None
+        loader = ResumableLoader if train else DataLoader
+        return loader(items, batch_size=batch_size, sampler=sampler, collate_fn=self.batch_collate(split),
+                      num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
