@@ -60,6 +60,11 @@ class TokenBlocks(Dataset[Tensor]):
         return int(self.blocks.shape[0] * (self.blocks.shape[1] - 1))
 
 
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The random stream of one (seed, epoch): what every per-epoch order here draws from."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
 class EpochShuffleSampler(Sampler[int]):
     """A permutation of range(num_items) that depends only on (seed, epoch).
 
@@ -80,8 +85,7 @@ class EpochShuffleSampler(Sampler[int]):
         return self.num_items
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.num_items, generator=generator).tolist())
+        return iter(torch.randperm(self.num_items, generator=epoch_generator(self.seed, self.epoch)).tolist())
 
 
 class LengthGroupedBatches(Sampler[tuple[int, ...]]):
@@ -130,7 +134,7 @@ class LengthGroupedBatches(Sampler[tuple[int, ...]]):
     def __iter__(self) -> Iterator[tuple[int, ...]]:
         if self.seed is None:
             return iter(self._cut(np.arange(len(self.lengths))))
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        generator = epoch_generator(self.seed, self.epoch)
         shuffled = torch.randperm(len(self.lengths), generator=generator).numpy()
         group = self.batch_size * self.group_batches
         batches = [batch for start in range(0, len(shuffled), group) for batch in self._cut(shuffled[start : start + group])]
