@@ -40,6 +40,7 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
     assert package.training["tokens_seen"] > 0 and package.training["val_tau_tree"] >= package.training["val_tau_chain"]
     curve = package.training["val_tau_by_nodes"]
     assert len(curve) == 6 and curve == sorted(curve) and curve[-1] == package.training["val_tau_tree"]
+    assert (tmp_path / "drafter" / "acceptance.png").read_bytes().startswith(b"\x89PNG")  # the curve, drawn
     counts = torch.as_tensor(self_distill_data.token_counts())
     assert set(package.weights["draft_vocab"].tolist()) >= set(counts.nonzero().flatten().tolist()[:1])
     # the trained drafter's drafts get accepted on prompts it was trained on, losslessly

@@ -26,6 +26,7 @@ from torch import Tensor
 from warpdecode.decoding.tree_shapes import chain
 from warpdecode.errors import ConfigError
 from warpdecode.metrics.drafting import DraftRanks, label_ranks, simulated_tau, tree_from_ranks
+from warpdecode.metrics.plots import plot_acceptance
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import shift_left
@@ -220,8 +221,18 @@ class DrafterModule(FrozenTarget, LightningModule):
         described = DrafterPackage.describe_target(target or self.target, source or self.hparams["target"])
         return DrafterPackage(self.kind, described, self.package_config(), self.package_weights(), tree, training)
 
+    def save_package(self, package: DrafterPackage) -> Path:
+        """Write `package` to the export path, with `acceptance.png` (`metrics.plots`) when validated."""
+        self.package_dir = package.save(self.export_path())
+        if self.last_val_ranks is not None:
+            plot = plot_acceptance(self.package_dir / "acceptance.png", self.last_val_ranks,
+                                   package.training["val_tau_by_nodes"], package.training["val_tau_chain"],
+                                   f"{self.kind} drafter")
+            rank_zero_info(f"validation acceptance (τ by tree size, accuracy by depth): {plot}")
+        return self.package_dir
+
     def on_fit_end(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        self.package_dir = self.package().save(self.export_path())
-        rank_zero_info(f"saved the trained {self.kind} drafter to {self.package_dir}")
+        directory = self.save_package(self.package())
+        rank_zero_info(f"saved the trained {self.kind} drafter to {directory}")

@@ -121,8 +121,8 @@ class Medusa2Drafter(MedusaDrafter):
         model = merged(self.target, self.lora)
         model_dir = self.target_export_path()
         save_pretrained(model, Tokenizer.load(resolve(self.hparams["target"])), model_dir)
-        self.package_dir = self.package(model, str(model_dir)).save(self.export_path())
-        rank_zero_info(f"saved the adapted target to {model_dir} and its medusa heads to {self.package_dir}")
+        directory = self.save_package(self.package(model, str(model_dir)))
+        rank_zero_info(f"saved the adapted target to {model_dir} and its medusa heads to {directory}")
 
     def package_config(self) -> dict[str, Any]:
         return super().package_config() | {"medusa2": {"lora_rank": self.hparams["lora_rank"],

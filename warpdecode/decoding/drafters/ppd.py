@@ -17,7 +17,8 @@ groups only (and the prompt-lookup chain, with `lookup`). The groups are the cos
 tree of n nodes with every node attached verifies 1 + n + K(n + 1) rows; `num_nodes=auto` counts
 them when it chooses the size.
 
-Runs on the PyTorch backend only: the exported step graph takes token ids, not embeddings.
+The rows are input embeddings: on ONNX Runtime they run through the package's embeds graphs
+(`backbone.embeds.onnx`); the int8/int4 graphs have none and refuse PPD with `CapabilityError`.
 Deterministic trees: lossless under every lossless verifier.
 """
 
