@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor
@@ -222,13 +223,17 @@ class DrafterModule(FrozenTarget, LightningModule):
         return DrafterPackage(self.kind, described, self.package_config(), self.package_weights(), tree, training)
 
     def save_package(self, package: DrafterPackage) -> Path:
-        """Write `package` to the export path, with `acceptance.png` (`metrics.plots`) when validated."""
+        """Write `package` to the export path, with `acceptance.png` (`metrics.plots`) when validated,
+        which a W&B run also gets as the image `val/acceptance`."""
         self.package_dir = package.save(self.export_path())
         if self.last_val_ranks is not None:
             plot = plot_acceptance(self.package_dir / "acceptance.png", self.last_val_ranks,
                                    package.training["val_tau_by_nodes"], package.training["val_tau_chain"],
                                    f"{self.kind} drafter")
             rank_zero_info(f"validation acceptance (τ by tree size, accuracy by depth): {plot}")
+            for logger in self.loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.log_image("val/acceptance", [str(plot)])
         return self.package_dir
 
     def on_fit_end(self) -> None:

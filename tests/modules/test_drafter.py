@@ -1,0 +1,34 @@
+"""What every drafter module shares at the end of `fit`: the package and its acceptance picture, logged to W&B."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import WandbLogger
+
+from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.modules.medusa import MedusaDrafter
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def test_fit_saves_the_package_with_its_acceptance_plot_and_logs_it_to_wandb(tiny_model_dir, self_distill_data,
+                                                                           tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = WandbLogger(project="warpdecode", save_dir=str(tmp_path), offline=True)
+    module = MedusaDrafter(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4,
+                           export_dir=str(tmp_path / "drafter"))
+    trainer = Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=self_distill_data)
+    logger.experiment.finish()
+
+    package = DrafterPackage.load(tmp_path / "drafter", "medusa")
+    assert len(package.training["val_tau_by_nodes"]) == 4
+    assert (tmp_path / "drafter" / "acceptance.png").read_bytes().startswith(b"\x89PNG")
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    (records,) = offline.glob("run-*.wandb")
+    assert b"val/acceptance" in records.read_bytes()
+    assert list((offline / "files" / "media" / "images").glob("val/acceptance*.png"))  # the picture itself
