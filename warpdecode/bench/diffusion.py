@@ -33,6 +33,7 @@ from warpdecode.decoding.diffusion.layout import check_diffusion_model
 from warpdecode.decoding.diffusion.likelihood import answer_nll_bound
 from warpdecode.decoding.diffusion.protocols import CommitPolicy
 from warpdecode.errors import ConfigError
+from warpdecode.metrics.plots import pyplot
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.tokenizer import Tokenizer
@@ -185,10 +186,7 @@ class DiffusionBenchResult:
         return paths
 
     def plot(self, path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(7.0, 4.5))
         for row in self.rows:

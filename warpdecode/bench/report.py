@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from warpdecode.bench.harness import ALL, Aggregate, BenchConfig, BenchResult, Measurement, RowInfo, aggregate
+from warpdecode.metrics.plots import pyplot
 
 NA = "–"
 COLUMNS = ("method", "tok/s", "speedup", "median speedup", "τ", "τ w/o bonus", "α", "TTFT ms", "peak MiB", "identical",
@@ -100,10 +101,7 @@ docs/metrics.md.
 
 def plot(result: BenchResult, path: Path) -> None:
     """Grouped bars: speedup over `none` of every other row, per category and over all prompts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [r.label for r in result.rows if r.label != "none"]
     groups = result.categories + [ALL]

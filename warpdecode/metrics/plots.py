@@ -9,8 +9,19 @@ earlier draft token correct), from the same rank matrix.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 from torch import Tensor
+
+
+def pyplot() -> ModuleType:
+    """matplotlib.pyplot on the file-only Agg backend (no display needed), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def depth_accuracy(ranks: Tensor, k: int) -> list[float]:
@@ -27,11 +38,7 @@ def plot_acceptance(path: Path, ranks: Tensor, tau_by_nodes: list[float], tau_ch
         tau_by_nodes: τ of the best tree of 1..n nodes.
         tau_chain: τ of the depth-D chain of top-1 tokens.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0))
     nodes = list(range(1, len(tau_by_nodes) + 1))
     left.plot(nodes, tau_by_nodes, marker=".", label="best static tree")
