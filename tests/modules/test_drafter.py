@@ -32,3 +32,20 @@ def test_fit_saves_the_package_with_its_acceptance_plot_and_logs_it_to_wandb(tin
     (records,) = offline.glob("run-*.wandb")
     assert b"val/acceptance" in records.read_bytes()
     assert list((offline / "files" / "media" / "images").glob("val/acceptance*.png"))  # the picture itself
+
+
+def test_a_drafter_that_ranks_no_validation_token_high_enough_saves_without_a_tree(tiny_model_dir, self_distill_data,
+                                                                                 tmp_path: Path):
+    module = MedusaDrafter(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4, max_rank=2,
+                           export_dir=str(tmp_path / "drafter"))
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=self_distill_data)
+    assert module.last_val_ranks is not None
+    module.last_val_ranks = module.last_val_ranks.clamp(min=2)  # every validation token ranks beyond max_rank
+    with pytest.warns(UserWarning, match="stores no draft tree"):
+        directory = module.save_package(module.package())
+
+    package = DrafterPackage.load(directory, "medusa")
+    assert package.tree == {} and "val_tau_by_nodes" not in package.training
+    assert not (directory / "acceptance.png").exists()

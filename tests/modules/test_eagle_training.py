@@ -47,7 +47,7 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
     assert accepted_on_training_prompts("eagle", {"path": str(tmp_path / "drafter")}, prompts=4) > 0
 
 
-@pytest.mark.parametrize(("name", "fused"), [("eagle", False), ("eagle3", True)])
+@pytest.mark.parametrize(("name", "fused"), [("eagle", False), ("eagle_gpu", False), ("eagle3", True)])
 def test_recipes_name_the_drafter_and_its_arguments(name, fused, drafter_recipe):
     overrides = {"feature_layers": [1, 2]} if fused else {}  # the tiny target has 2 blocks
     recipe, module = drafter_recipe(name, **overrides)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor
 
@@ -210,9 +210,14 @@ class DrafterModule(FrozenTarget, LightningModule):
         training: dict[str, Any] = {"tokens_seen": self.tokens_seen, "optimizer_steps": self.global_step,
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         tree: dict[str, Any] = {}
-        if self.last_val_ranks is not None:
+        paths = [] if self.last_val_ranks is None else tree_from_ranks(
+            self.last_val_ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
+        if self.last_val_ranks is not None and not paths:
+            rank_zero_warn(f"no validation token ranked within the drafter's top {self.hparams['max_rank']}: "
+                           "the package stores no draft tree (generate with tree=chain) and no acceptance.png is drawn")
+        if paths:
             ranks = self.last_val_ranks
-            paths = tree_from_ranks(ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
+            assert ranks is not None
             tree = {"rank_paths": [list(p) for p in paths]}
             training["val_tau_tree"] = round(simulated_tau(ranks, paths), 4)
             # The first n paths are the best n-node tree: the curve a node budget is chosen from.
@@ -226,7 +231,7 @@ class DrafterModule(FrozenTarget, LightningModule):
         """Write `package` to the export path, with `acceptance.png` (`metrics.plots`) when validated,
         which a W&B run also gets as the image `val/acceptance`."""
         self.package_dir = package.save(self.export_path())
-        if self.last_val_ranks is not None:
+        if self.last_val_ranks is not None and "val_tau_by_nodes" in package.training:
             plot = plot_acceptance(self.package_dir / "acceptance.png", self.last_val_ranks,
                                    package.training["val_tau_by_nodes"], package.training["val_tau_chain"],
                                    f"{self.kind} drafter")

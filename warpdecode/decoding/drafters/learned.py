@@ -211,7 +211,8 @@ class PackagedDrafter(ABC, Generic[NetT]):
         else:
             stored = [tuple(p) for p in self.package.tree.get("rank_paths", [])]
             if self.tree == "static" and not stored:
-                raise ConfigError(f"{self.path} stores no draft tree (trained without validation); "
+                raise ConfigError(f"{self.path} stores no draft tree (trained without validation, "
+                                  "or no validation token ranked high enough to build one); "
                                   f"use tree={' or '.join(t for t in self.trees if t != 'static')}")
             if self.auto_nodes:
                 self.num_nodes = self.fastest_size(len(stored))
