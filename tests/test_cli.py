@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from warpdecode.cli import main
+from warpdecode.datamodules.self_distill import jsonl_prompts, load_prompts
 from warpdecode.models.checkpoint import load_pretrained
 
 
@@ -140,3 +141,12 @@ def test_generate_decodes_a_diffusion_lm_under_a_commit_policy(dlm_dir, capsys):
     code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--temperature", "0.5", "--top-p", "0.9"],
                        capsys)
     assert code == 2 and "temperature only" in err
+
+
+def test_prompts_writes_a_prompt_set_the_recipes_read(tmp_path, capsys):
+    out = tmp_path / "prompts.jsonl"
+    main(["prompts", str(out), "--sources", "gsm8k_train,writing", "--max-prompts", "5"])
+    assert capsys.readouterr().out.strip() == f"wrote 5 prompts to {out}"
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(lines) == 5 and all(line["messages"][-1]["role"] == "user" for line in lines)
+    assert [p.messages for p in jsonl_prompts(out)] == [p.messages for p in load_prompts(["gsm8k_train", "writing"], 5, 0)]

@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     try:
-        CLI([commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress], args=_normalise_flags(argv),
-            as_positional=True)
+        CLI([commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
+             commands.prompts], args=_normalise_flags(argv), as_positional=True)
     except WarpdecodeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

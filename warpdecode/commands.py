@@ -322,6 +322,38 @@ def _regression_prompts(source: str | None) -> list[str]:
     return [p.text for p in load_prompts(source or "spec_bench", limit=1)][:4]
 
 
+def prompts(
+    out: Path,
+    *,
+    sources: str | None = None,
+    max_prompts: int = 2048,
+    seed: int = 0,
+) -> None:
+    """Write a self-distillation prompt set to a JSONL file, to train on the same prompts elsewhere.
+
+    The built-in sources are read from this machine (its Python's stdlib, its installed programs'
+    message catalogs), so another machine builds other prompts from them. A recipe given the file
+    (`--data.init_args.prompts '[OUT]'`) reads these prompts anywhere, with the same train/val split
+    and the answers already cached for them. Example: `warpdecode prompts prompts.jsonl --max-prompts 8192`.
+
+    Args:
+        out: the JSONL file to write (one `{"messages": [...]}` line per prompt).
+        sources: comma-separated prompt sources, as the recipes' `data.init_args.prompts` (default:
+            every built-in source, in the recipes' order).
+        max_prompts: at most this many prompts (taken round-robin over the sources).
+        seed: the built-in sources' shuffle seed (the recipes' `data.init_args.seed`).
+    """
+    from warpdecode.datamodules.self_distill import SOURCES, load_prompts, write_jsonl_prompts
+    from warpdecode.errors import ConfigError
+
+    if max_prompts < 1:
+        raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}")
+    names = list(SOURCES) if sources is None else [s.strip() for s in sources.split(",") if s.strip()]
+    chosen = load_prompts(names, max_prompts, seed)
+    write_jsonl_prompts(out, chosen)
+    print(f"wrote {len(chosen)} prompts to {out}")
+
+
 def methods(*, json_output: bool = False) -> None:
     """List the registered decoding components: drafters (methods), verifiers and controllers.
 

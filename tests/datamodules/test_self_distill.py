@@ -339,3 +339,22 @@ def test_yaml_config_builds_the_datamodule(tmp_path):
                                  "  features: false\n", defaults=True)
     assert config.data.prompts == ["gsm8k_train", "my.jsonl"] and config.data.max_new_tokens == 64
     assert config.data.features is False and config.data.target == "smollm2-135m-instruct"
+
+
+def test_a_written_prompt_file_gives_the_same_prompts_split_and_cached_answers(tiny_model_dir, prompt_file, tmp_path,
+                                                                               monkeypatch):
+    first = make(tiny_model_dir, prompt_file, tmp_path)
+    first.prepare_data()
+    first.setup()
+    frozen = tmp_path / "frozen" / "prompts.jsonl"
+    self_distill.write_jsonl_prompts(frozen, load_prompts([str(prompt_file)], 12, seed=0))
+    assert [p.key for p in self_distill.jsonl_prompts(frozen)] == [p.key for p in self_distill.jsonl_prompts(prompt_file)]
+
+    decodes = counting_decodes(monkeypatch)
+    second = make(tiny_model_dir, frozen, tmp_path)
+    second.prepare_data()
+    second.setup()
+    assert decodes == []  # every answer came from the cache the first prompt file filled
+    for split in ("train", "val"):
+        assert ([e.tokens.tolist() for e in second.datasets[split].examples]
+                == [e.tokens.tolist() for e in first.datasets[split].examples])

@@ -159,6 +159,14 @@ def jsonl_prompts(path: Path) -> list[DistillPrompt]:
             for line_no, record in read_jsonl(path)]
 
 
+def write_jsonl_prompts(path: Path, prompts: Sequence[DistillPrompt]) -> None:
+    """One `{"messages": [...]}` line per prompt, in order, written atomically: `jsonl_prompts` reads
+    the same texts back, so the file gives the same train/val split and finds the same cached answers."""
+    lines = [json.dumps({"messages": [{"role": role, "content": content} for role, content in p.messages]},
+                        ensure_ascii=False) + "\n" for p in prompts]
+    _write_atomic(path, lambda f: f.write("".join(lines).encode()))
+
+
 def check_source(source: str) -> None:
     if source in SOURCES:
         return
