@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.eagle import EagleNet, shift_left, ttt_mask
+from warpdecode.models.eagle import EagleNet, shift_left, ttt_attention
 from warpdecode.models.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -22,8 +23,32 @@ def tiny_pair(seed: int = 0) -> tuple[Transformer, EagleNet]:
     return target.eval(), net.eval()
 
 
-def test_ttt_mask_is_causal_then_diagonal():
+def ttt_mask(n: int, steps: int) -> torch.Tensor:
+    """The naive reference's (n, steps * n) mask: keys of step 0 causal, of each later step only the same start."""
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.cat([causal] + [torch.eye(n, dtype=torch.bool)] * (steps - 1), dim=1)
+
+
+def test_the_reference_mask_is_causal_then_diagonal():
     assert ttt_mask(3, 2).int().tolist() == [[1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_ttt_attention_equals_masked_attention_over_every_step_with_gradients(steps):
+    torch.manual_seed(steps)
+    B, H, Hkv, n, D = 2, 4, 2, 7, 8
+    q = torch.randn(B, H, n, D, dtype=torch.float64, requires_grad=True)
+    keys = [torch.randn(B, Hkv, n, D, dtype=torch.float64, requires_grad=True) for _ in range(steps)]
+    values = [torch.randn(B, Hkv, n, D, dtype=torch.float64, requires_grad=True) for _ in range(steps)]
+    fast = ttt_attention(q, keys, values)
+    naive = F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                                           attn_mask=ttt_mask(n, steps), enable_gqa=True)
+    torch.testing.assert_close(fast, naive)
+    upstream = torch.randn_like(fast)
+    grads = torch.autograd.grad((fast * upstream).sum(), [q, *keys, *values])
+    naive_grads = torch.autograd.grad((naive * upstream).sum(), [q, *keys, *values])
+    for got, want in zip(grads, naive_grads, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_shift_left_pads_with_zeros():

@@ -5,12 +5,40 @@ from __future__ import annotations
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 from warpdecode.errors import ConfigError
+from warpdecode.models.eagle import shift_left
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.modules.drafter import frequent_tokens
 from warpdecode.modules.eagle import EagleDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def naive_loss(module: EagleDrafter, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The loss written over every start position, targets zero-padded past the sequence and masked out."""
+    outputs, features = module._unroll(batch)
+    n = batch["tokens"].shape[1] - 1
+    target_probs = module.net.head(features).softmax(-1)
+    total = torch.zeros(())
+    for k, (predicted, logits) in enumerate(outputs):
+        valid = (torch.arange(n)[None] + 2 + k < batch["lengths"][:, None]).float()
+        feature_loss = (F.smooth_l1_loss(predicted, shift_left(features, 1 + k, n), reduction="none").mean(-1) * valid).sum()
+        token_loss = (-(shift_left(target_probs, 1 + k, n) * logits.log_softmax(-1)).sum(-1) * valid).sum()
+        weight = module.hparams["step_decay"] ** k / valid.sum().clamp_min(1)
+        total = total + weight * (module.hparams["feature_weight"] * feature_loss + module.hparams["token_weight"] * token_loss)
+    return total
+
+
+def test_the_loss_equals_its_naive_reference(tiny_model_dir, self_distill_data):
+    self_distill_data.prepare_data()
+    self_distill_data.setup("fit")
+    module = EagleDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, token_weight=0.5)
+    module.init_drafter(frequent_tokens(torch.as_tensor(self_distill_data.token_counts()), 200, []))
+    batch = next(iter(self_distill_data.train_dataloader()))
+    assert (batch["lengths"] < batch["tokens"].shape[1]).any()  # padded rows: the masking is exercised
+    torch.testing.assert_close(module.loss(batch)[0], naive_loss(module, batch))
 
 def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
     counts = torch.tensor([5, 0, 9, 1, 7, 0])

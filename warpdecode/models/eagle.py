@@ -42,18 +42,34 @@ from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import Block, Transformer, rotate_half
 
 
-def ttt_mask(n: int, steps: int) -> Tensor:
-    """(n, steps * n) bool attention mask of drafting step `steps - 1` over the keys of steps 0..steps-1.
+def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+    """Attention of drafting step k = len(keys) - 1 of the training-time unroll.
 
-    Keys of step 0 (true pairs) are causal; keys of each later step are visible only at the same
-    start position. Example n=3, steps=2 (columns: step-0 keys 0..2, then step-1 keys 0..2):
+    Start position i sees the keys of step 0 causally (the true pairs up to i) and, of each later
+    step j, only its own key i (the draft's j-th token from that start). So instead of one masked
+    (n, (k + 1) n) score matrix, the later steps add k diagonal scores per row: attention costs n²
+    per step rather than (k + 1) n². Equals SDPA under the causal-then-diagonal mask (tested).
 
-        1 0 0 | 1 0 0
-        1 1 0 | 0 1 0
-        1 1 1 | 0 0 1
+    Args:
+        q: (B, H, n, D) queries of step k.
+        keys, values: k + 1 tensors (B, Hkv, n, D), steps 0..k (H a multiple of Hkv).
+    Returns:
+        (B, H, n, D).
     """
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    return torch.cat([causal] + [torch.eye(n, dtype=torch.bool)] * (steps - 1), dim=1)
+    group = q.shape[1] // keys[0].shape[1]
+    if len(keys) == 1:
+        return F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True, enable_gqa=group > 1)
+    n, scale = q.shape[2], q.shape[3] ** -0.5
+    acc = torch.promote_types(q.dtype, torch.float32)  # scores and softmax in fp32 at least (bf16 under autocast)
+    k0, v0 = keys[0].repeat_interleave(group, dim=1), values[0].repeat_interleave(group, dim=1)
+    later_keys = torch.stack(keys[1:], dim=-2).repeat_interleave(group, dim=1)  # (B, H, n, k, D)
+    later_values = torch.stack(values[1:], dim=-2).repeat_interleave(group, dim=1)
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k0.transpose(-1, -2)).to(acc).masked_fill(~causal, float("-inf")) * scale  # (B, H, n, n)
+    diagonal = (q.to(acc).unsqueeze(-2) * later_keys.to(acc)).sum(-1) * scale  # (B, H, n, k)
+    weights = torch.cat([scores, diagonal], dim=-1).softmax(-1)  # (B, H, n, n + k)
+    out = weights[..., :n].to(v0.dtype) @ v0 + (weights[..., n:].unsqueeze(-1) * later_values.to(acc)).sum(-2)
+    return out.to(q.dtype)
 
 
 def shift_left(x: Tensor, by: int, length: int) -> Tensor:
@@ -189,10 +205,7 @@ class EagleNet(DraftVocabNet):
             q = q * cos + rotate_half(q) * sin
             keys.append(key * cos + rotate_half(key) * sin)
             values.append(value)
-            y = F.scaled_dot_product_attention(
-                q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=ttt_mask(n, k + 1).to(x.device),
-                enable_gqa=attn.n_kv_head != attn.n_head,
-            )  # (B, H, n, D)
+            y = ttt_attention(q, keys, values)  # (B, H, n, D)
             x = x + attn.o_proj(y.transpose(1, 2).reshape(B, n, attn.n_head * attn.head_dim))
             x = x + block.mlp(block.mlp_norm(x))
             feature = self.layer.norm(x)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.eagle import EagleNet, shift_left
+from warpdecode.models.eagle import EagleNet
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule
 
@@ -98,12 +98,13 @@ class EagleDrafter(DrafterModule):
         total = torch.zeros((), device=tokens.device)
         parts: dict[str, Tensor] = {}
         for k, (predicted, logits) in enumerate(outputs):
-            valid = (start + 2 + k < lengths[:, None]).float()  # (B, n): f_{i+1+k} exists (not after the last token)
+            m = n - k  # the starts i whose f_{i+1+k} lies inside the (padded) sequence; no later one is valid
+            valid = (start[:, :m] + 2 + k < lengths[:, None]).float()  # (B, m): f_{i+1+k} exists (not after the last token)
             count = valid.sum().clamp_min(1)
-            wanted = shift_left(features, 1 + k, n).float()
-            feature_loss = (F.smooth_l1_loss(predicted.float(), wanted, reduction="none").mean(-1) * valid).sum() / count
-            soft = shift_left(target_probs, 1 + k, n)
-            token_loss = (-(soft * logits.float().log_softmax(-1)).sum(-1) * valid).sum() / count
+            wanted = features[:, 1 + k :].float()  # (B, m, C)
+            feature_loss = (F.smooth_l1_loss(predicted[:, :m].float(), wanted, reduction="none").mean(-1) * valid).sum() / count
+            soft = target_probs[:, 1 + k :]  # (B, m, N)
+            token_loss = (-(soft * logits[:, :m].float().log_softmax(-1)).sum(-1) * valid).sum() / count
             weight = self.hparams["step_decay"] ** k
             total = total + weight * (self.hparams["feature_weight"] * feature_loss + self.hparams["token_weight"] * token_loss)
             parts[f"feature_loss/d{k + 1}"] = feature_loss.detach()
