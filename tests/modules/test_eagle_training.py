@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import torch.nn.functional as F
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.eagle import shift_left
 from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.eagle import shift_left
 from warpdecode.modules.drafter import frequent_tokens
 from warpdecode.modules.eagle import EagleDrafter
 
