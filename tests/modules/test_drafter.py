@@ -5,13 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 
 from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.eagle import shift_left
+from warpdecode.modules.drafter import distillation_loss
 from warpdecode.modules.medusa import MedusaDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.mark.parametrize(("n", "ahead"), [(9, 1), (9, 3), (10, 2)])
+def test_distillation_loss_equals_the_zero_padded_reference(n, ahead):
+    torch.manual_seed(ahead)
+    B, T, N = 3, 10, 7
+    logits = torch.randn(B, n, N)
+    target_probs = torch.randn(B, T, N).softmax(-1)
+    lengths = torch.tensor([10, 6, 3])
+    valid = (torch.arange(n)[None] + 1 + ahead < lengths[:, None]).float()  # every start, the invalid masked out
+    ce = -(shift_left(target_probs, ahead, n) * logits.log_softmax(-1)).sum(-1)
+    torch.testing.assert_close(distillation_loss(logits, target_probs, lengths, ahead), (ce * valid).sum() / valid.sum())
 
 
 def test_fit_saves_the_package_with_its_acceptance_plot_and_logs_it_to_wandb(tiny_model_dir, self_distill_data,

@@ -16,9 +16,8 @@ from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.clover import CloverNet
-from warpdecode.models.eagle import shift_left
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule
+from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
 
 class CloverDrafter(DrafterModule):
@@ -80,17 +79,13 @@ class CloverDrafter(DrafterModule):
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         outputs, features = self._unroll(batch)
-        tokens, lengths = batch["tokens"], batch["lengths"]
-        n = tokens.shape[1] - 1
+        lengths = batch["lengths"]
         with torch.no_grad():
             target_probs = self.net.head(features.to(self.net.head.weight.dtype)).float().softmax(-1)  # (B, T, N)
-        start = torch.arange(n, device=tokens.device)[None]
-        total = torch.zeros((), device=tokens.device)
+        total = torch.zeros((), device=lengths.device)
         parts: dict[str, Tensor] = {}
         for k, logits in enumerate(outputs, start=1):
-            valid = (start + 1 + k < lengths[:, None]).float()  # x_{i+1+k} exists
-            soft = shift_left(target_probs, k, n)  # the target's distribution of x_{i+1+k}, read at f_{i+k}
-            token_loss = (-(soft * logits.float().log_softmax(-1)).sum(-1) * valid).sum() / valid.sum().clamp_min(1)
+            token_loss = distillation_loss(logits, target_probs, lengths, ahead=k)  # step k drafts x_{i+1+k}
             total = total + self.hparams["step_decay"] ** (k - 1) * token_loss
             parts[f"token_loss/d{k}"] = token_loss.detach()
         return total, parts

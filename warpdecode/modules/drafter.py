@@ -49,6 +49,21 @@ def frequent_tokens(counts: Tensor, size: int, always: list[int]) -> Tensor:
     return order[:size].sort().values
 
 
+def distillation_loss(logits: Tensor, target_probs: Tensor, lengths: Tensor, ahead: int) -> Tensor:
+    """Mean soft cross-entropy of the drafts against the target's distribution `ahead` positions on.
+
+    Args:
+        logits: (B, n, N) draft logits; entry i drafts x_{i+1+ahead}.
+        target_probs: (B, T, N) the target's distributions; entry j is that of x_{j+1}.
+        lengths: (B,) tokens per row; entry i counts where x_{i+1+ahead} exists (i + 1 + ahead < length).
+    Only the starts whose target entry lies inside `target_probs` are read (no padded copy).
+    """
+    m = min(logits.shape[1], target_probs.shape[1] - ahead)
+    valid = (torch.arange(m, device=logits.device)[None] + 1 + ahead < lengths[:, None]).float()  # (B, m)
+    ce = -(target_probs[:, ahead : ahead + m] * logits[:, :m].float().log_softmax(-1)).sum(-1)  # (B, m)
+    return (ce * valid).sum() / valid.sum().clamp_min(1)
+
+
 def vocab_index(draft_vocab: Tensor, vocab_size: int) -> Tensor:
     """(V,) int64 map from target token id to draft-vocabulary index, -1 outside it."""
     index = torch.full((vocab_size,), -1, dtype=torch.int64, device=draft_vocab.device)

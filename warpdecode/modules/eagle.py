@@ -20,7 +20,7 @@ from torch import Tensor
 from warpdecode.errors import ConfigError
 from warpdecode.models.eagle import EagleNet
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule
+from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
 
 class EagleDrafter(DrafterModule):
@@ -103,8 +103,7 @@ class EagleDrafter(DrafterModule):
             count = valid.sum().clamp_min(1)
             wanted = features[:, 1 + k :].float()  # (B, m, C)
             feature_loss = (F.smooth_l1_loss(predicted[:, :m].float(), wanted, reduction="none").mean(-1) * valid).sum() / count
-            soft = target_probs[:, 1 + k :]  # (B, m, N)
-            token_loss = (-(soft * logits[:, :m].float().log_softmax(-1)).sum(-1) * valid).sum() / count
+            token_loss = distillation_loss(logits, target_probs, lengths, ahead=1 + k)  # step k drafts x_{i+2+k}
             weight = self.hparams["step_decay"] ** k
             total = total + weight * (self.hparams["feature_weight"] * feature_loss + self.hparams["token_weight"] * token_loss)
             parts[f"feature_loss/d{k + 1}"] = feature_loss.detach()

@@ -17,10 +17,9 @@ import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.eagle import shift_left
 from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule
+from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
 
 class FutureHeadsDrafter(DrafterModule):
@@ -88,18 +87,13 @@ class FutureHeadsDrafter(DrafterModule):
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logits, features = self._logits(batch)
-        tokens, lengths = batch["tokens"], batch["lengths"]
-        T = tokens.shape[1]
+        lengths = batch["lengths"]
         with torch.no_grad():
             target_probs = self.net.head(features).float().softmax(-1)  # (B, T, N): entry i is x_{i+1}'s
-        position = torch.arange(T, device=tokens.device)[None]  # (1, T)
-        total = torch.zeros((), device=tokens.device)
+        total = torch.zeros((), device=lengths.device)
         parts: dict[str, Tensor] = {}
         for k in range(1, self.net.num_heads + 1):
-            valid = (position + 1 + k < lengths[:, None]).float()  # (B, T): x_{i+1+k} exists
-            soft = shift_left(target_probs, k, T)  # (B, T, N): the target's distribution of x_{i+1+k}
-            ce = -(soft * logits[:, :, k - 1].float().log_softmax(-1)).sum(-1)  # (B, T)
-            head_loss = (ce * valid).sum() / valid.sum().clamp_min(1)
+            head_loss = distillation_loss(logits[:, :, k - 1], target_probs, lengths, ahead=k)  # head k drafts x_{i+1+k}
             total = total + self.hparams["head_decay"] ** (k - 1) * head_loss
             parts[f"token_loss/d{k}"] = head_loss.detach()
         return total, parts
