@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from warpdecode.models.tokenizer import Tokenizer
 
 
+def _names(text: str | None) -> list[str]:
+    """The non-empty, stripped items of a comma-separated option (none for None)."""
+    return [item.strip() for item in (text or "").split(",") if item.strip()]
+
+
 def convert(source: str, out: Path) -> None:
     """Convert a checkpoint into a warpdecode model directory (safetensors, config.json, tokenizer.json).
 
@@ -248,8 +253,8 @@ def export(
     except ValueError as e:
         raise ConfigError(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from e
     path = export_package(target, tokenizer, out, source=model, hidden_layers=layers, generation=generation,
-                          drafters=[Path(d.strip()) for d in (drafters or "").split(",") if d.strip()],
-                          quantize=[q.strip() for q in (quantize or "").split(",") if q.strip()])
+                          drafters=[Path(d) for d in _names(drafters)],
+                          quantize=_names(quantize))
     manifest = InferencePackage.load(path).manifest
     size = sum(f["bytes"] for f in manifest["files"].values())
     print(f"wrote {path} ({size / 2**20:.0f} MiB, {len(manifest['files'])} files, opset {manifest['backbone']['opset']}, "
@@ -305,7 +310,7 @@ def regress(
         return
     assert record is not None
     texts = _regression_prompts(prompts)
-    result = regression.run(loaded, list(texts), [m.strip() for m in methods.split(",") if m.strip()],
+    result = regression.run(loaded, list(texts), _names(methods),
                             backend=backend, max_new_tokens=max_new_tokens)
     result.save(record)
     for method, runs in result.results.items():
@@ -348,7 +353,7 @@ def prompts(
 
     if max_prompts < 1:
         raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}")
-    names = list(SOURCES) if sources is None else [s.strip() for s in sources.split(",") if s.strip()]
+    names = list(SOURCES) if sources is None else _names(sources)
     chosen = load_prompts(names, max_prompts, seed)
     write_jsonl_prompts(out, chosen)
     print(f"wrote {len(chosen)} prompts to {out}")

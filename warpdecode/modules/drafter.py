@@ -49,6 +49,11 @@ def frequent_tokens(counts: Tensor, size: int, always: list[int]) -> Tensor:
     return order[:size].sort().values
 
 
+def valid_starts(lengths: Tensor, m: int, ahead: int) -> Tensor:
+    """(B, m) float mask of the starts i < m whose token x_{i+1+ahead} exists (i + 1 + ahead < length)."""
+    return (torch.arange(m, device=lengths.device)[None] + 1 + ahead < lengths[:, None]).float()
+
+
 def distillation_loss(logits: Tensor, target_probs: Tensor, lengths: Tensor, ahead: int) -> Tensor:
     """Mean soft cross-entropy of the drafts against the target's distribution `ahead` positions on.
 
@@ -59,7 +64,7 @@ def distillation_loss(logits: Tensor, target_probs: Tensor, lengths: Tensor, ahe
     Only the starts whose target entry lies inside `target_probs` are read (no padded copy).
     """
     m = min(logits.shape[1], target_probs.shape[1] - ahead)
-    valid = (torch.arange(m, device=logits.device)[None] + 1 + ahead < lengths[:, None]).float()  # (B, m)
+    valid = valid_starts(lengths, m, ahead)
     ce = -(target_probs[:, ahead : ahead + m] * logits[:, :m].float().log_softmax(-1)).sum(-1)  # (B, m)
     return (ce * valid).sum() / valid.sum().clamp_min(1)
 
@@ -225,14 +230,12 @@ class DrafterModule(FrozenTarget, LightningModule):
         training: dict[str, Any] = {"tokens_seen": self.tokens_seen, "optimizer_steps": self.global_step,
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         tree: dict[str, Any] = {}
-        paths = [] if self.last_val_ranks is None else tree_from_ranks(
-            self.last_val_ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
-        if self.last_val_ranks is not None and not paths:
+        ranks = self.last_val_ranks
+        paths = [] if ranks is None else tree_from_ranks(ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
+        if ranks is not None and not paths:
             rank_zero_warn(f"no validation token ranked within the drafter's top {self.hparams['max_rank']}: "
                            "the package stores no draft tree (generate with tree=chain) and no acceptance.png is drawn")
-        if paths:
-            ranks = self.last_val_ranks
-            assert ranks is not None
+        if ranks is not None and paths:
             tree = {"rank_paths": [list(p) for p in paths]}
             training["val_tau_tree"] = round(simulated_tau(ranks, paths), 4)
             # The first n paths are the best n-node tree: the curve a node budget is chosen from.

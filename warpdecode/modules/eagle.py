@@ -20,7 +20,7 @@ from torch import Tensor
 from warpdecode.errors import ConfigError
 from warpdecode.models.eagle import EagleNet
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule, distillation_loss
+from warpdecode.modules.drafter import DrafterModule, distillation_loss, valid_starts
 
 
 class EagleDrafter(DrafterModule):
@@ -94,12 +94,11 @@ class EagleDrafter(DrafterModule):
         n = tokens.shape[1] - 1
         with torch.no_grad():
             target_probs = self.net.head(features.to(self.net.head.weight.dtype)).float().softmax(-1)  # (B, T, N)
-        start = torch.arange(n, device=tokens.device)[None]  # (1, n)
         total = torch.zeros((), device=tokens.device)
         parts: dict[str, Tensor] = {}
         for k, (predicted, logits) in enumerate(outputs):
             m = n - k  # the starts i whose f_{i+1+k} lies inside the (padded) sequence; no later one is valid
-            valid = (start[:, :m] + 2 + k < lengths[:, None]).float()  # (B, m): f_{i+1+k} exists (not after the last token)
+            valid = valid_starts(lengths, m, ahead=1 + k)  # (B, m): f_{i+1+k} exists (not after the last token)
             count = valid.sum().clamp_min(1)
             wanted = features[:, 1 + k :].float()  # (B, m, C)
             feature_loss = (F.smooth_l1_loss(predicted[:, :m].float(), wanted, reduction="none").mean(-1) * valid).sum() / count
