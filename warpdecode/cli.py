@@ -8,7 +8,10 @@ LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
 
 
 def _normalise_flags(argv: list[str]) -> list[str]:
-    """Accept `--max-new-tokens` as well as `--max_new_tokens`; a bare `--json` means `--json_output=true`."""
+    """Accept `--max-new-tokens` as well as `--max_new_tokens` (and `self-chat` as well as `self_chat`);
+    a bare `--json` means `--json_output=true`."""
+    if argv and not argv[0].startswith("-"):
+        argv = [argv[0].replace("-", "_"), *argv[1:]]
     out = []
     for i, arg in enumerate(argv):
         if arg.startswith("--"):
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     try:
         CLI([commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
-             commands.prompts], args=_normalise_flags(argv), as_positional=True)
+             commands.prompts, commands.self_chat], args=_normalise_flags(argv), as_positional=True)
     except WarpdecodeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -359,6 +359,56 @@ def prompts(
     print(f"wrote {len(chosen)} prompts to {out}")
 
 
+def self_chat(
+    out: Path,
+    *,
+    num_prompts: int = 2048,
+    model: str = DEFAULT_MODEL,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    max_new_tokens: int = 128,
+    batch_size: int = 64,
+    seed: int = 0,
+    device: str = "cpu",
+    threads: int | None = None,
+) -> None:
+    """Have a chat-tuned target write user turns itself (Magpie-style) into a JSONL prompt file.
+
+    The target continues its chat template's text before a user message with a request of its own;
+    trained on its answers to those, a drafter sees the conversations the target was tuned for. The
+    file grows batch by batch: an interrupted run keeps what it wrote, and a rerun (or a larger
+    --num-prompts) continues it. Train on it with `--data.init_args.prompts '[..., OUT]'`. Example:
+    `warpdecode self-chat self_chat.jsonl --num-prompts 2048`.
+
+    Args:
+        out: the JSONL file to write or extend (one `{"messages": [{"role": "user", ...}]}` line per prompt).
+        num_prompts: grow the file to this many distinct prompts.
+        model: the target: a model name, a model directory or a `.gguf` file.
+        temperature: sampling temperature of the user turns.
+        top_p: nucleus mass of the user turns.
+        max_new_tokens: a sampled turn that has not ended after this many tokens is dropped.
+        batch_size: user turns sampled together.
+        seed: sampling seed (batch i of a file holding n lines samples with a seed derived from seed, n and i).
+        device: where the target runs (`cpu`, `cuda`).
+        threads: torch threads (default: torch's).
+    """
+    from warpdecode.datamodules.self_chat import append_self_chat
+    from warpdecode.errors import ConfigError
+    from warpdecode.models.checkpoint import load_pretrained
+    from warpdecode.models.device import torch_device
+
+    for name, value in (("--num-prompts", num_prompts), ("--batch-size", batch_size),
+                        ("--max-new-tokens", max_new_tokens)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target, tokenizer = load_pretrained(model, device=torch_device(device))
+    added = append_self_chat(out, target, tokenizer, num_prompts, batch_size=batch_size, seed=seed,
+                             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    print(f"{out}: added {added} prompts ({num_prompts} wanted)")
+
+
 def methods(*, json_output: bool = False) -> None:
     """List the registered decoding components: drafters (methods), verifiers and controllers.
 

@@ -1,0 +1,143 @@
+"""Self-chat prompts: user turns sampled from the target's own chat template (Magpie-style)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from warpdecode.datamodules import self_chat
+from warpdecode.datamodules.self_chat import append_self_chat, pre_query_ids, read_user_turns, usable
+from warpdecode.datamodules.self_distill import jsonl_prompts
+from warpdecode.errors import ConfigError
+from warpdecode.models.checkpoint import load_pretrained
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TEMPLATE = ("<system>be helpful\n{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture
+def tiny(tiny_model_dir):
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    tokenizer.chat_template = TEMPLATE
+    return model, tokenizer
+
+
+def test_pre_query_is_the_template_up_to_the_user_content(tiny):
+    _, tokenizer = tiny
+    assert pre_query_ids(tokenizer) == tokenizer.encode("<system>be helpful\n<user>", add_special_tokens=False)
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    (None, "no chat template"),
+    ("<user>{{ messages[0].content | upper }}", "verbatim"),
+    ("{{ messages[0].content }}", "renders nothing before"),
+])
+def test_pre_query_needs_a_template_that_renders_the_user_turn(tiny, template, message):
+    _, tokenizer = tiny
+    tokenizer.chat_template = template
+    with pytest.raises(ConfigError, match=message):
+        pre_query_ids(tokenizer)
+
+
+def test_usable_needs_words_and_no_template_markers():
+    assert usable("How do I plant tomatoes?", ("<|im_end|>",))
+    assert not usable("Thanks a lot", ())
+    assert not usable("How do I plant <|im_end|> tomatoes", ("<|im_end|>",))
+
+
+def test_sampled_turns_are_the_turns_that_ended(tiny, monkeypatch):
+    """Every kept text is a sample that ended on a stop token, decoded without it; unfinished ones are dropped."""
+    model, tokenizer = tiny
+    stops = set(range(100, 140))  # under the tiny model's near-uniform sampling, about 1 in 8 tokens ends a turn
+    monkeypatch.setattr(self_chat, "stop_token_ids", lambda *_: stops)
+    monkeypatch.setattr(self_chat, "MIN_WORDS", 1)
+    calls = []
+    real = self_chat.decode_batch
+
+    def spy(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(self_chat, "decode_batch", spy)
+    batches = self_chat.synthesize_user_turns(model, tokenizer, batch_size=16, seed=3, max_new_tokens=12)
+    first = next(batches)
+    ended = [new for new, finish, _ in calls[0] if finish == "eos"]
+    assert 0 < len(ended) < 16 and all(new[-1] in stops for new in ended)  # some ran out of budget
+    expected = [tokenizer.decode(new[:-1]).strip() for new in ended]
+    assert first == [t for t in expected if usable(t, self_chat.turn_markers(tokenizer, stops))]
+    assert first
+    again = self_chat.synthesize_user_turns(model, tokenizer, batch_size=16, seed=3, max_new_tokens=12)
+    assert next(again) == first  # seeded
+    assert next(batches) != first  # the next batch samples with the next seed
+
+
+def fake_stream(batches: list[list[str]], seeds: list[int]):
+    def synthesize(model, tokenizer, *, batch_size, seed, **_) -> Iterator[list[str]]:
+        seeds.append(seed)
+        yield from batches
+        while True:
+            yield []
+    return synthesize
+
+
+def test_append_dedupes_stops_at_count_and_resumes(monkeypatch, tmp_path):
+    path = tmp_path / "chat.jsonl"
+    seeds: list[int] = []
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream(
+        [["Plan my trip to Rome", "plan my  TRIP to rome", "Write a poem about rain"], ["Explain how tides work"]],
+        seeds))
+    assert append_self_chat(path, None, None, 2) == 2  # type: ignore[arg-type]
+    assert read_user_turns(path) == ["Plan my trip to Rome", "Write a poem about rain"]
+    assert [p.messages for p in jsonl_prompts(path)] == [(("user", "Plan my trip to Rome"),),
+                                                         (("user", "Write a poem about rain"),)]
+    assert append_self_chat(path, None, None, 2) == 0  # already there: nothing sampled
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream(
+        [["Write a poem about rain", "Explain how tides work"]], seeds))
+    assert append_self_chat(path, None, None, 3) == 1  # type: ignore[arg-type]
+    assert read_user_turns(path)[-1] == "Explain how tides work"
+    assert seeds[0] != seeds[1]  # a resumed run samples other batches
+
+
+def test_append_drops_a_torn_last_line_and_gives_up_on_barren_batches(monkeypatch, tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Plan my trip to Rome"}]}) + '\n{"messa')
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream([["Plan my trip to Rome"]], []))
+    with pytest.raises(ConfigError, match="no usable new user turn in 8 batches in a row \\(1 of 5 written\\)"):
+        append_self_chat(path, None, None, 5)  # type: ignore[arg-type]
+    assert read_user_turns(path) == ["Plan my trip to Rome"]
+
+
+def test_append_refuses_files_it_did_not_write(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"prompt": "hello there my friend"}) + "\n")
+    with pytest.raises(ConfigError, match="chat.jsonl:1: not a one-user-turn prompt"):
+        append_self_chat(path, None, None, 5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=">= 1"):
+        append_self_chat(tmp_path / "new.jsonl", None, None, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_default_model_writes_requests(smollm2):
+    """SmolLM2-135M-Instruct continues its pre-query with user requests: most samples end their turn."""
+    batch = next(self_chat.synthesize_user_turns(smollm2.model, smollm2.tokenizer, batch_size=8, seed=0,
+                                                 max_new_tokens=64))
+    assert len(batch) >= 4
+    assert all(len(t.split()) >= self_chat.MIN_WORDS and "<|im_" not in t for t in batch)
+
+
+def test_cli_writes_a_prompt_file(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    from warpdecode.cli import main
+
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream([["Plan my trip to Rome"]], []))
+    out = tmp_path / "chat.jsonl"
+    main(["self-chat", str(out), "--num-prompts", "1", "--model", str(tiny_model_dir)])
+    assert read_user_turns(out) == ["Plan my trip to Rome"]
+    assert "added 1 prompts" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["self-chat", str(out), "--num-prompts", "0", "--model", str(tiny_model_dir)])
+    assert "--num-prompts must be >= 1" in capsys.readouterr().err
+
