@@ -333,6 +333,7 @@ def prompts(
     sources: str | None = None,
     max_prompts: int = 2048,
     seed: int = 0,
+    model: str = DEFAULT_MODEL,
 ) -> None:
     """Write a self-distillation prompt set to a JSONL file, to train on the same prompts elsewhere.
 
@@ -344,17 +345,24 @@ def prompts(
     Args:
         out: the JSONL file to write (one `{"messages": [...]}` line per prompt).
         sources: comma-separated prompt sources, as the recipes' `data.init_args.prompts` (default:
-            every built-in source, in the recipes' order).
+            every built-in source read from disk, in the recipes' order).
         max_prompts: at most this many prompts (taken round-robin over the sources).
         seed: the built-in sources' shuffle seed (the recipes' `data.init_args.seed`).
+        model: the target that writes the `self_chat` source's prompts (loaded only for that source).
     """
+    from warpdecode.datamodules.self_chat import SOURCE as SELF_CHAT
+    from warpdecode.datamodules.self_chat import SelfChatSource
     from warpdecode.datamodules.self_distill import SOURCES, load_prompts, write_jsonl_prompts
     from warpdecode.errors import ConfigError
+    from warpdecode.models.checkpoint import cache_dir, load_pretrained
 
     if max_prompts < 1:
         raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}")
     names = list(SOURCES) if sources is None else _names(sources)
-    chosen = load_prompts(names, max_prompts, seed)
+    self_chat = None
+    if SELF_CHAT in names:  # the same cache the recipes' data module grows
+        self_chat = SelfChatSource(*load_pretrained(model), cache_dir() / "self_distill" / "self_chat", seed=seed)
+    chosen = load_prompts(names, max_prompts, seed, self_chat)
     write_jsonl_prompts(out, chosen)
     print(f"wrote {len(chosen)} prompts to {out}")
 
@@ -367,7 +375,7 @@ def self_chat(
     temperature: float = 1.0,
     top_p: float = 0.95,
     max_new_tokens: int = 128,
-    batch_size: int = 64,
+    batch_size: int = 128,
     seed: int = 0,
     device: str = "cpu",
     threads: int | None = None,

@@ -7,9 +7,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from warpdecode.datamodules import self_chat
-from warpdecode.datamodules.self_chat import append_self_chat, pre_query_ids, read_user_turns, usable
-from warpdecode.datamodules.self_distill import jsonl_prompts
+from warpdecode.datamodules import self_chat, self_distill
+from warpdecode.datamodules.prompt import DistillPrompt
+from warpdecode.datamodules.self_chat import (
+    SelfChatSource,
+    append_self_chat,
+    pre_query_ids,
+    read_user_turns,
+    usable,
+)
+from warpdecode.datamodules.self_distill import (
+    SelfDistillDataModule,
+    jsonl_prompts,
+    load_prompts,
+    round_robin_share,
+)
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 
@@ -141,3 +153,65 @@ def test_cli_writes_a_prompt_file(tiny_model_dir, tmp_path, capsys, monkeypatch)
         main(["self-chat", str(out), "--num-prompts", "0", "--model", str(tiny_model_dir)])
     assert "--num-prompts must be >= 1" in capsys.readouterr().err
 
+
+
+def test_round_robin_share_is_what_the_mix_takes_from_self_chat():
+    assert round_robin_share([2, 10], 9) == 4  # rounds: 3, 6, 8 (the 2-prompt source is spent), 10
+    assert round_robin_share([], 5) == 5
+    assert round_robin_share([100], 1) == 1
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def prompts(self, count: int) -> list[DistillPrompt]:
+        self.asked.append(count)
+        return [DistillPrompt(f"self_chat/{i}", (("user", f"Plan trip number {i} for me"),)) for i in range(count)]
+
+
+def test_load_prompts_takes_the_self_chat_share(monkeypatch):
+    monkeypatch.setitem(self_distill.SOURCES, "writing", lambda: [DistillPrompt(f"w/{i}", (("user", f"w{i}"),))
+                                                                for i in range(2)])
+    source = FakeSource()
+    mixed = load_prompts(["writing", "self_chat"], 5, 0, source)  # type: ignore[arg-type]
+    assert source.asked == [3]
+    assert [p.id.split("/")[0] for p in mixed] == ["w", "self_chat", "w", "self_chat", "self_chat"]
+    with pytest.raises(ConfigError, match="needs the target"):
+        load_prompts(["self_chat"], 5, 0)
+
+
+def test_self_chat_source_caches_per_target_and_settings(tiny, monkeypatch, tmp_path):
+    model, tokenizer = tiny
+    seeds: list[int] = []
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream(
+        [["Plan my trip to Rome", "Write a poem about rain", "Explain how tides work"]], seeds))
+    source = SelfChatSource(model, tokenizer, tmp_path)
+    assert [p.messages[0][1] for p in source.prompts(2)] == ["Plan my trip to Rome", "Write a poem about rain"]
+    assert [p.id for p in source.prompts(1)] == ["self_chat/0"] and len(seeds) == 1  # cached: nothing sampled
+    assert read_user_turns(source.path) == ["Plan my trip to Rome", "Write a poem about rain"]
+    assert SelfChatSource(model, tokenizer, tmp_path, temperature=0.7).path != source.path
+
+
+def test_the_data_module_answers_self_chat_prompts(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream(
+        [[f"Write a story about cat number {i}" for i in range(6)]], []))
+    dm = SelfDistillDataModule(target=str(tiny_model_dir), prompts=["self_chat"], max_prompts=4, max_new_tokens=4,
+                               generation_batch_size=4, batch_size=2, val_fraction=0.3,
+                               cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup()
+    (written,) = (tmp_path / "cache" / "self_chat").glob("*.jsonl")
+    assert len(read_user_turns(written)) == 4
+    assert sum(len(d) for d in dm.datasets.values()) == 4
+
+
+def test_prompts_cli_freezes_self_chat_prompts(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from warpdecode.cli import main
+
+    monkeypatch.setenv("WARPDECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream([["Plan my trip to Rome"]], []))
+    out = tmp_path / "frozen.jsonl"
+    main(["prompts", str(out), "--sources", "self_chat", "--max-prompts", "1", "--model", str(tiny_model_dir)])
+    assert [p.messages for p in jsonl_prompts(out)] == [(("user", "Plan my trip to Rome"),)]
+    assert list((tmp_path / "cache" / "self_distill" / "self_chat").glob("*.jsonl"))

@@ -9,24 +9,34 @@ its own: the prompt mix a drafter for chat traffic should learn from.
 
 `synthesize_user_turns` samples them in batches; `append_self_chat` grows a JSONL prompt file
 (`{"messages": [{"role": "user", "content": ...}]}` lines, read by the self-distillation sources)
-batch by batch, so an interrupted run keeps what it wrote and a rerun continues.
+batch by batch, so an interrupted run keeps what it wrote and a rerun continues. `SelfChatSource`
+is the `self_chat` prompt source of the self-distillation data: such a file per target and
+sampling configuration in a cache folder, grown to what a prompt set takes from it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from warpdecode.datamodules.corpus import read_jsonl
+from warpdecode.datamodules.prompt import DistillPrompt
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
+from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
 from warpdecode.progress import ProgressLines
 
+SOURCE = "self_chat"
+"""The self-distillation prompt source name of the target's own user turns."""
+VERSION = 1
+"""Part of the cache file's name: bump when the sampling or filtering changes what a file holds."""
 MIN_WORDS = 4
 """Shorter samples ("Hi!", "Thanks") ask for nothing worth answering."""
 MAX_BARREN_BATCHES = 8
@@ -109,7 +119,7 @@ def _drop_torn_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def append_self_chat(path: Path, model: Transformer, tokenizer: Tokenizer, count: int, *, batch_size: int = 64,
+def append_self_chat(path: Path, model: Transformer, tokenizer: Tokenizer, count: int, *, batch_size: int = 128,
                      seed: int = 0, temperature: float = 1.0, top_p: float = 0.95,
                      max_new_tokens: int = 128) -> int:
     """Grow the JSONL prompt file `path` to `count` distinct self-chat user turns, appending (and
@@ -145,3 +155,32 @@ def append_self_chat(path: Path, model: Transformer, tokenizer: Tokenizer, count
                 raise ConfigError(f"the target wrote no usable new user turn in {barren} batches in a row "
                                   f"({have} of {count} written); is it chat-tuned? (try another temperature)")
     return have - len(existing)
+
+
+@dataclass(frozen=True)
+class SelfChatSource:
+    """The `self_chat` prompt source: user turns the target wrote, cached in `directory` under a name
+    that hashes the target's weights and the sampling settings, grown on demand."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    directory: Path
+    seed: int = 0
+    batch_size: int = 128
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_new_tokens: int = 128
+
+    @property
+    def path(self) -> Path:
+        settings = [VERSION, model_fingerprint(self.model), self.seed, self.batch_size, self.temperature, self.top_p,
+                    self.max_new_tokens]
+        return self.directory / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:24]}.jsonl"
+
+    def prompts(self, count: int) -> list[DistillPrompt]:
+        """The first `count` user turns, sampling the ones the cache file lacks."""
+        path = self.path
+        append_self_chat(path, self.model, self.tokenizer, count, batch_size=self.batch_size, seed=self.seed,
+                         temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
+        return [DistillPrompt(f"{SOURCE}/{i}", (("user", text),))
+                for i, text in enumerate(read_user_turns(path)[:count])]

@@ -14,6 +14,8 @@ answers once, batch by batch, and caches them on disk, one answer per prompt:
                                        each row is the answer to one (prompt key, prompt ids)
         set-<prompts hash>.json        one prompt set: which rows of which chunks, counts and stats,
                                        written last: the set is complete
+    <cache_dir>/self_chat/<hash>.jsonl the `self_chat` source's user turns, per target and sampling
+                                       settings, grown as prompt sets ask for more
 
 A prompt is answered once per answers folder, whatever set asks for it: a larger `max_prompts`, another
 seed or another mix of sources generates only the prompts no chunk holds yet (the built-in sources
@@ -54,6 +56,9 @@ from warpdecode.datamodules.corpus import read_jsonl, split_of, stdlib_split_fil
 from warpdecode.datamodules.instructions import INSTRUCTION_SOURCES
 from warpdecode.datamodules.instructions import source_stamp as instruction_stamp
 from warpdecode.datamodules.prompt import DistillPrompt
+from warpdecode.datamodules.self_chat import SOURCE as SELF_CHAT
+from warpdecode.datamodules.self_chat import VERSION as SELF_CHAT_VERSION
+from warpdecode.datamodules.self_chat import SelfChatSource
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import encode_prompt, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -138,7 +143,8 @@ SOURCES: dict[str, Callable[[], list[DistillPrompt]]] = {
     "stdlib_docstrings": stdlib_docstring_prompts,
     **INSTRUCTION_SOURCES,
 }
-"""Built-in prompt sources by name; any other source is a path to a `.jsonl` file."""
+"""Built-in prompt sources read from disk, by name. `self_chat` (the target's own user turns,
+`datamodules/self_chat.py`) is built in too but needs the target; any other source is a `.jsonl` path."""
 
 
 def _messages(record: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -168,29 +174,43 @@ def write_jsonl_prompts(path: Path, prompts: Sequence[DistillPrompt]) -> None:
 
 
 def check_source(source: str) -> None:
-    if source in SOURCES:
+    if source in SOURCES or source == SELF_CHAT:
         return
     if not source.endswith(".jsonl"):
-        raise ConfigError(f"unknown prompt source {source!r}; choose from {', '.join(SOURCES)} "
+        raise ConfigError(f"unknown prompt source {source!r}; choose from {', '.join([*SOURCES, SELF_CHAT])} "
                           "or a path to a .jsonl file")
     if not Path(source).is_file():
         raise ConfigError(f"prompt file {source} not found")
 
 
-def load_prompts(sources: list[str], max_prompts: int, seed: int) -> list[DistillPrompt]:
+def round_robin_share(sizes: list[int], max_prompts: int) -> int:
+    """How many prompts a round-robin over sources of `sizes` and one more, unbounded, source takes
+    from the unbounded one to reach `max_prompts` (duplicates aside)."""
+    share = 0
+    while share + sum(min(size, share) for size in sizes) < max_prompts:
+        share += 1
+    return share
+
+
+def load_prompts(sources: list[str], max_prompts: int, seed: int,
+                 self_chat: SelfChatSource | None = None) -> list[DistillPrompt]:
     """The first `max_prompts` distinct prompts, taken round-robin over the sources so that a cut keeps
     a mix. Built-in sources are shuffled with `seed` (their own order is by file and line); a JSONL
-    file keeps its order."""
-    lists = []
+    file and `self_chat` keep their order. `self_chat` (which needs `self_chat`, the target's source)
+    writes as many user turns as its round-robin share."""
+    lists: dict[str, list[DistillPrompt]] = {}
     for source in sources:
         check_source(source)
         if source in SOURCES:
-            prompts = SOURCES[source]()
-            random.Random(f"{seed}:{source}").shuffle(prompts)
-        else:
-            prompts = jsonl_prompts(Path(source))
-        lists.append(prompts)
-    unique = {p.messages: p for group in zip_longest(*lists) for p in group if p is not None}
+            lists[source] = SOURCES[source]()
+            random.Random(f"{seed}:{source}").shuffle(lists[source])
+        elif source != SELF_CHAT:
+            lists[source] = jsonl_prompts(Path(source))
+    if SELF_CHAT in sources:
+        if self_chat is None:
+            raise ConfigError("the self_chat prompt source needs the target to write its prompts")
+        lists[SELF_CHAT] = self_chat.prompts(round_robin_share([len(v) for v in lists.values()], max_prompts))
+    unique = {p.messages: p for group in zip_longest(*(lists[s] for s in sources)) for p in group if p is not None}
     if not unique:
         raise ConfigError(f"the prompt sources {sources} hold no prompt")
     return list(unique.values())[:max_prompts]
@@ -216,6 +236,8 @@ def _source_stamp(source: str) -> list[Any]:
         return [source, sys.version, sysconfig.get_paths()["stdlib"]]
     if source in INSTRUCTION_SOURCES:
         return instruction_stamp(source)
+    if source == SELF_CHAT:  # written by the target, whose files the run key stamps already
+        return [source, SELF_CHAT_VERSION]
     return _stamp(Path(source))
 
 
@@ -387,8 +409,10 @@ class SelfDistillDataModule(LightningDataModule):
                 `stdlib_docstrings` ("Write a Python function ..." from the docstrings of the train
                 split of the stdlib corpus), the instruction sources of
                 `warpdecode.datamodules.instructions` (`summarize`, `context_qa`, `extract`,
-                `translate_de`, `writing`, `roleplay`, `explain`), or paths to `.jsonl` files whose
-                lines are {"prompt": str} or {"messages": [{"role": str, "content": str}, ...]}.
+                `translate_de`, `writing`, `roleplay`, `explain`), `self_chat` (user turns the
+                target writes itself, `warpdecode.datamodules.self_chat`; cached in
+                `<cache_dir>/self_chat/`), or paths to `.jsonl` files whose lines are
+                {"prompt": str} or {"messages": [{"role": str, "content": str}, ...]}.
             max_prompts: Use at most this many prompts.
             max_new_tokens: Answer length limit; an answer also ends at the target's stop tokens.
             generation_batch_size: Prompts decoded together; also the unit of the resumable cache.
@@ -464,8 +488,9 @@ class SelfDistillDataModule(LightningDataModule):
     def _answer(self) -> Path:
         """Load the target, answer the prompts no chunk of the answers folder holds, then write the
         prompt set's file."""
-        prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed)
         model, tokenizer = load_pretrained(self.target, device=self.generation_device)
+        self_chat = SelfChatSource(model, tokenizer, self.cache_dir / "self_chat", seed=self.seed)
+        prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed, self_chat)
         limit = min(self.max_length, model.config.max_seq_len)
         kept = [(p, ids) for p in prompts if 0 < len(ids := encode(tokenizer, p)) < limit]
         if not kept:
