@@ -333,6 +333,7 @@ def prompts(
     sources: str | None = None,
     max_prompts: int = 2048,
     seed: int = 0,
+    weights: dict[str, float] | None = None,
     model: str = DEFAULT_MODEL,
 ) -> None:
     """Write a self-distillation prompt set to a JSONL file, to train on the same prompts elsewhere.
@@ -348,6 +349,8 @@ def prompts(
             every built-in source read from disk, in the recipes' order).
         max_prompts: at most this many prompts (taken round-robin over the sources).
         seed: the built-in sources' shuffle seed (the recipes' `data.init_args.seed`).
+        weights: share of the mix per source (the recipes' `data.init_args.prompt_weights`), e.g.
+            `'{"self_chat": 9}'`; default round-robin.
         model: the target that writes the `self_chat` source's prompts (loaded only for that source).
     """
     from warpdecode.datamodules.self_chat import SOURCE as SELF_CHAT
@@ -362,7 +365,7 @@ def prompts(
     self_chat = None
     if SELF_CHAT in names:  # the same cache the recipes' data module grows
         self_chat = SelfChatSource(*load_pretrained(model), cache_dir() / "self_distill" / "self_chat", seed=seed)
-    chosen = load_prompts(names, max_prompts, seed, self_chat)
+    chosen = load_prompts(names, max_prompts, seed, self_chat, weights)
     write_jsonl_prompts(out, chosen)
     print(f"wrote {len(chosen)} prompts to {out}")
 

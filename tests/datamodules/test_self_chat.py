@@ -18,9 +18,10 @@ from warpdecode.datamodules.self_chat import (
 )
 from warpdecode.datamodules.self_distill import (
     SelfDistillDataModule,
+    generated_share,
+    interleave,
     jsonl_prompts,
     load_prompts,
-    round_robin_share,
 )
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
@@ -155,10 +156,25 @@ def test_cli_writes_a_prompt_file(tiny_model_dir, tmp_path, capsys, monkeypatch)
 
 
 
-def test_round_robin_share_is_what_the_mix_takes_from_self_chat():
-    assert round_robin_share([2, 10], 9) == 4  # rounds: 3, 6, 8 (the 2-prompt source is spent), 10
-    assert round_robin_share([], 5) == 5
-    assert round_robin_share([100], 1) == 1
+def prompts_of(name: str, n: int) -> list[DistillPrompt]:
+    return [DistillPrompt(f"{name}/{i}", (("user", f"{name} {i}"),)) for i in range(n)]
+
+
+def test_interleave_is_round_robin_or_in_proportion_to_the_weights():
+    a, b, c = prompts_of("a", 2), prompts_of("b", 5), prompts_of("c", 9)
+    picks = [i for i, _ in interleave([a, b, c], [1, 1, 1], 16)]
+    assert picks == [0, 1, 2, 0, 1, 2, 1, 2, 1, 2, 1, 2, 2, 2, 2, 2]  # zip_longest's order
+    weighted = [i for i, _ in interleave([b, c], [1, 3], 8)]
+    assert weighted == [1, 1, 0, 1, 1, 1, 0, 1]  # 3 of c per 1 of b
+    doubled = [p.id for _, p in interleave([a, a + prompts_of("d", 1)], [1, 1], 5)]
+    assert doubled == ["a/0", "a/1", "d/0"]  # repeats skipped, without counting against the limit
+
+
+def test_generated_share_is_what_the_mix_takes_from_self_chat():
+    two, ten = prompts_of("a", 2), prompts_of("b", 10)
+    assert generated_share([two, ten, None], [1, 1, 1], 9) == 3  # a b u a b u, then b u (a is spent), b
+    assert generated_share([None], [1], 5) == 5
+    assert generated_share([ten, None], [1, 9], 10) == 9
 
 
 class FakeSource:
@@ -171,14 +187,19 @@ class FakeSource:
 
 
 def test_load_prompts_takes_the_self_chat_share(monkeypatch):
-    monkeypatch.setitem(self_distill.SOURCES, "writing", lambda: [DistillPrompt(f"w/{i}", (("user", f"w{i}"),))
-                                                                for i in range(2)])
+    monkeypatch.setitem(self_distill.SOURCES, "writing", lambda: prompts_of("w", 2))
     source = FakeSource()
     mixed = load_prompts(["writing", "self_chat"], 5, 0, source)  # type: ignore[arg-type]
     assert source.asked == [3]
     assert [p.id.split("/")[0] for p in mixed] == ["w", "self_chat", "w", "self_chat", "self_chat"]
+    weighted = load_prompts(["writing", "self_chat"], 4, 0, source, {"self_chat": 3})  # type: ignore[arg-type]
+    assert source.asked[-1] == 3 and [p.id.split("/")[0] for p in weighted].count("self_chat") == 3
     with pytest.raises(ConfigError, match="needs the target"):
         load_prompts(["self_chat"], 5, 0)
+    with pytest.raises(ConfigError, match="not one of the prompt sources"):
+        load_prompts(["writing"], 5, 0, None, {"self_chat": 2})
+    with pytest.raises(ConfigError, match="must be > 0"):
+        load_prompts(["writing"], 5, 0, None, {"writing": 0})
 
 
 def test_self_chat_source_caches_per_target_and_settings(tiny, monkeypatch, tmp_path):
@@ -215,3 +236,9 @@ def test_prompts_cli_freezes_self_chat_prompts(tiny_model_dir, tmp_path, monkeyp
     main(["prompts", str(out), "--sources", "self_chat", "--max-prompts", "1", "--model", str(tiny_model_dir)])
     assert [p.messages for p in jsonl_prompts(out)] == [(("user", "Plan my trip to Rome"),)]
     assert list((tmp_path / "cache" / "self_distill" / "self_chat").glob("*.jsonl"))
+
+
+def test_the_data_module_checks_prompt_weights(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="not one of the prompt sources"):
+        SelfDistillDataModule(target=str(tiny_model_dir), prompts=["writing"], prompt_weights={"self_chat": 9},
+                              cache_dir=str(tmp_path))

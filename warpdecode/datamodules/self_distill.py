@@ -37,7 +37,6 @@ import sysconfig
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from itertools import zip_longest
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -183,21 +182,67 @@ def check_source(source: str) -> None:
         raise ConfigError(f"prompt file {source} not found")
 
 
-def round_robin_share(sizes: list[int], max_prompts: int) -> int:
-    """How many prompts a round-robin over sources of `sizes` and one more, unbounded, source takes
-    from the unbounded one to reach `max_prompts` (duplicates aside)."""
-    share = 0
-    while share + sum(min(size, share) for size in sizes) < max_prompts:
-        share += 1
-    return share
+def check_weights(sources: list[str], weights: dict[str, float]) -> None:
+    for source, weight in weights.items():
+        if source not in sources:
+            raise ConfigError(f"prompt weight for {source!r}, which is not one of the prompt sources {sources}")
+        if not weight > 0:
+            raise ConfigError(f"prompt weights must be > 0, got {weight} for {source!r}")
 
 
-def load_prompts(sources: list[str], max_prompts: int, seed: int,
-                 self_chat: SelfChatSource | None = None) -> list[DistillPrompt]:
-    """The first `max_prompts` distinct prompts, taken round-robin over the sources so that a cut keeps
-    a mix. Built-in sources are shuffled with `seed` (their own order is by file and line); a JSONL
-    file and `self_chat` keep their order. `self_chat` (which needs `self_chat`, the target's source)
-    writes as many user turns as its round-robin share."""
+def interleave(lists: Sequence[Sequence[DistillPrompt]], weights: Sequence[float],
+               limit: int) -> Iterator[tuple[int, DistillPrompt]]:
+    """(source index, prompt), `limit` prompts at most, none repeated: source i's k-th prompt comes at
+    time k / weights[i], earlier sources first at equal times. Each source's share of every stretch is
+    in proportion to its weight; equal weights give round-robin (`zip_longest` order); an exhausted
+    source drops out and the others go on in the same rhythm."""
+    cursors, seen, taken = [0] * len(lists), set(), 0
+    while taken < limit:
+        alive = [i for i, prompts in enumerate(lists) if cursors[i] < len(prompts)]
+        if not alive:
+            return
+        pick = min(alive, key=lambda i: ((cursors[i] + 1) / weights[i], i))
+        prompt = lists[pick][cursors[pick]]
+        cursors[pick] += 1
+        if prompt.messages not in seen:
+            seen.add(prompt.messages)
+            taken += 1
+            yield pick, prompt
+
+
+class _Unbounded(Sequence[DistillPrompt]):
+    """A stand-in source that never runs out (to count how much of a generated source a mix takes)."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __getitem__(self, index: Any) -> Any:
+        self.served = max(self.served, index + 1)
+        return DistillPrompt(f"unbounded/{index}", (("user", f"\0{index}"),))
+
+
+def generated_share(lists: Sequence[Sequence[DistillPrompt] | None], weights: Sequence[float],
+                    max_prompts: int) -> int:
+    """How many prompts `interleave` takes from the generated source (the one None entry of `lists`,
+    taken as unbounded) to reach `max_prompts` (duplicates among the other sources taken as they come)."""
+    unbounded = _Unbounded()
+    for _ in interleave([unbounded if prompts is None else prompts for prompts in lists], weights, max_prompts):
+        pass
+    return unbounded.served
+
+
+def load_prompts(sources: list[str], max_prompts: int, seed: int, self_chat: SelfChatSource | None = None,
+                 weights: dict[str, float] | None = None) -> list[DistillPrompt]:
+    """The first `max_prompts` distinct prompts, interleaved over the sources so that a cut keeps a
+    mix: round-robin, or in proportion to `weights` (source → weight, 1 for a source not named).
+    Built-in sources are shuffled with `seed` (their own order is by file and line); a JSONL file and
+    `self_chat` keep their order. `self_chat` (which needs `self_chat`, the target's source) writes as
+    many user turns as its share of the mix."""
+    weights = weights or {}
+    check_weights(sources, weights)
     lists: dict[str, list[DistillPrompt]] = {}
     for source in sources:
         check_source(source)
@@ -206,14 +251,15 @@ def load_prompts(sources: list[str], max_prompts: int, seed: int,
             random.Random(f"{seed}:{source}").shuffle(lists[source])
         elif source != SELF_CHAT:
             lists[source] = jsonl_prompts(Path(source))
+    shares = [weights.get(s, 1.0) for s in sources]
     if SELF_CHAT in sources:
         if self_chat is None:
             raise ConfigError("the self_chat prompt source needs the target to write its prompts")
-        lists[SELF_CHAT] = self_chat.prompts(round_robin_share([len(v) for v in lists.values()], max_prompts))
-    unique = {p.messages: p for group in zip_longest(*(lists[s] for s in sources)) for p in group if p is not None}
-    if not unique:
+        lists[SELF_CHAT] = self_chat.prompts(generated_share([lists.get(s) for s in sources], shares, max_prompts))
+    chosen = [prompt for _, prompt in interleave([lists[s] for s in sources], shares, max_prompts)]
+    if not chosen:
         raise ConfigError(f"the prompt sources {sources} hold no prompt")
-    return list(unique.values())[:max_prompts]
+    return chosen
 
 
 # ---- generation and cache -------------------------------------------------------------------------
@@ -389,6 +435,7 @@ class SelfDistillDataModule(LightningDataModule):
         self,
         target: str = "smollm2-135m-instruct",
         prompts: Sequence[str] = tuple(SOURCES),
+        prompt_weights: dict[str, float] | None = None,
         max_prompts: int = 1024,
         max_new_tokens: int = 192,
         generation_batch_size: int = 32,
@@ -413,6 +460,9 @@ class SelfDistillDataModule(LightningDataModule):
                 target writes itself, `warpdecode.datamodules.self_chat`; cached in
                 `<cache_dir>/self_chat/`), or paths to `.jsonl` files whose lines are
                 {"prompt": str} or {"messages": [{"role": str, "content": str}, ...]}.
+            prompt_weights: Share of the mix per source, relative (source → weight; 1 for a source
+                not named): `{self_chat: 9}` beside nine other sources makes half the prompts
+                self-chat ones. Default: round-robin.
             max_prompts: Use at most this many prompts.
             max_new_tokens: Answer length limit; an answer also ends at the target's stop tokens.
             generation_batch_size: Prompts decoded together; also the unit of the resumable cache.
@@ -442,9 +492,10 @@ class SelfDistillDataModule(LightningDataModule):
             raise ConfigError(f"the prompt set is empty; choose from {', '.join(SOURCES)} or .jsonl files")
         for source in prompts:
             check_source(source)
+        check_weights(list(prompts), prompt_weights or {})
         self.save_hyperparameters()
         self.target = target
-        self.prompt_sources = list(prompts)
+        self.prompt_sources, self.prompt_weights = list(prompts), dict(prompt_weights or {})
         self.max_prompts, self.max_new_tokens, self.max_length = max_prompts, max_new_tokens, max_length
         self.generation_batch_size, self.generation_device = generation_batch_size, generation_device
         self.features = features
@@ -469,6 +520,7 @@ class SelfDistillDataModule(LightningDataModule):
             "sources": [_source_stamp(s) for s in self.prompt_sources], "max_prompts": self.max_prompts,
             "seed": self.seed, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length,
             "features": self.features,
+            **({"weights": self.prompt_weights} if self.prompt_weights else {}),  # round-robin keys stay as they were
         })
 
     def data_manifest(self) -> Path:
@@ -490,7 +542,7 @@ class SelfDistillDataModule(LightningDataModule):
         prompt set's file."""
         model, tokenizer = load_pretrained(self.target, device=self.generation_device)
         self_chat = SelfChatSource(model, tokenizer, self.cache_dir / "self_chat", seed=self.seed)
-        prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed, self_chat)
+        prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed, self_chat, self.prompt_weights)
         limit = min(self.max_length, model.config.max_seq_len)
         kept = [(p, ids) for p in prompts if 0 < len(ids := encode(tokenizer, p)) < limit]
         if not kept:
