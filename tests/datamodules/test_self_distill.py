@@ -358,3 +358,19 @@ def test_a_written_prompt_file_gives_the_same_prompts_split_and_cached_answers(t
     for split in ("train", "val"):
         assert ([e.tokens.tolist() for e in second.datasets[split].examples]
                 == [e.tokens.tolist() for e in first.datasets[split].examples])
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (Path(__file__).parents[2] / "configs" / "drafters").glob("*.yaml")))
+def test_drafter_recipes_data_sections_instantiate(recipe):
+    """Every drafter recipe's `data` section builds its data module (source names, weights, sizes checked)."""
+    import yaml
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import LightningDataModule
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "configs" / "drafters" / recipe).read_text())
+    parser = ArgumentParser()
+    parser.add_subclass_arguments(LightningDataModule, "data")
+    data = parser.instantiate_classes(parser.parse_object({"data": config["data"]})).data
+    assert isinstance(data, LightningDataModule)
+    if isinstance(data, SelfDistillDataModule):
+        assert data.prompt_sources and data.max_prompts >= 1
