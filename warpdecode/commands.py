@@ -358,13 +358,16 @@ def prompts(
     from warpdecode.datamodules.self_distill import SOURCES, load_prompts, write_jsonl_prompts
     from warpdecode.errors import ConfigError
     from warpdecode.models.checkpoint import cache_dir, load_pretrained
+    from warpdecode.models.identity import model_fingerprint
 
     if max_prompts < 1:
         raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}")
     names = list(SOURCES) if sources is None else _names(sources)
     self_chat = None
     if SELF_CHAT in names:  # the same cache the recipes' data module grows
-        self_chat = SelfChatSource(*load_pretrained(model), cache_dir() / "self_distill" / "self_chat", seed=seed)
+        target, tokenizer = load_pretrained(model)
+        self_chat = SelfChatSource(target, tokenizer, model_fingerprint(target), cache_dir() / "self_distill" / "self_chat",
+                                   seed=seed)
     chosen = load_prompts(names, max_prompts, seed, self_chat, weights)
     write_jsonl_prompts(out, chosen)
     print(f"wrote {len(chosen)} prompts to {out}")

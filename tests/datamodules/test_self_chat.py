@@ -25,6 +25,7 @@ from warpdecode.datamodules.self_distill import (
 )
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.identity import model_fingerprint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -207,11 +208,11 @@ def test_self_chat_source_caches_per_target_and_settings(tiny, monkeypatch, tmp_
     seeds: list[int] = []
     monkeypatch.setattr(self_chat, "synthesize_user_turns", fake_stream(
         [["Plan my trip to Rome", "Write a poem about rain", "Explain how tides work"]], seeds))
-    source = SelfChatSource(model, tokenizer, tmp_path)
+    source = SelfChatSource(model, tokenizer, model_fingerprint(model), tmp_path)
     assert [p.messages[0][1] for p in source.prompts(2)] == ["Plan my trip to Rome", "Write a poem about rain"]
     assert [p.id for p in source.prompts(1)] == ["self_chat/0"] and len(seeds) == 1  # cached: nothing sampled
     assert read_user_turns(source.path) == ["Plan my trip to Rome", "Write a poem about rain"]
-    assert SelfChatSource(model, tokenizer, tmp_path, temperature=0.7).path != source.path
+    assert SelfChatSource(model, tokenizer, model_fingerprint(model), tmp_path, temperature=0.7).path != source.path
 
 
 def test_the_data_module_answers_self_chat_prompts(tiny_model_dir, tmp_path, monkeypatch):

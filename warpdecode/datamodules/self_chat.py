@@ -28,7 +28,6 @@ from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
-from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
 from warpdecode.progress import ProgressLines
@@ -160,10 +159,12 @@ def append_self_chat(path: Path, model: Transformer, tokenizer: Tokenizer, count
 @dataclass(frozen=True)
 class SelfChatSource:
     """The `self_chat` prompt source: user turns the target wrote, cached in `directory` under a name
-    that hashes the target's weights and the sampling settings, grown on demand."""
+    that hashes the target's weights (`fingerprint`, its `model_fingerprint`) and the sampling
+    settings, grown on demand."""
 
     model: Transformer
     tokenizer: Tokenizer
+    fingerprint: str
     directory: Path
     seed: int = 0
     batch_size: int = 128
@@ -173,7 +174,7 @@ class SelfChatSource:
 
     @property
     def path(self) -> Path:
-        settings = [VERSION, model_fingerprint(self.model), self.seed, self.batch_size, self.temperature, self.top_p,
+        settings = [VERSION, self.fingerprint, self.seed, self.batch_size, self.temperature, self.top_p,
                     self.max_new_tokens]
         return self.directory / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:24]}.jsonl"
 

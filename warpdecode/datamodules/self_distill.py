@@ -213,14 +213,10 @@ def interleave(lists: Sequence[Sequence[DistillPrompt]], weights: Sequence[float
 class _Unbounded(Sequence[DistillPrompt]):
     """A stand-in source that never runs out (to count how much of a generated source a mix takes)."""
 
-    def __init__(self) -> None:
-        self.served = 0
-
     def __len__(self) -> int:
         return sys.maxsize
 
     def __getitem__(self, index: Any) -> Any:
-        self.served = max(self.served, index + 1)
         return DistillPrompt(f"unbounded/{index}", (("user", f"\0{index}"),))
 
 
@@ -228,10 +224,9 @@ def generated_share(lists: Sequence[Sequence[DistillPrompt] | None], weights: Se
                     max_prompts: int) -> int:
     """How many prompts `interleave` takes from the generated source (the one None entry of `lists`,
     taken as unbounded) to reach `max_prompts` (duplicates among the other sources taken as they come)."""
-    unbounded = _Unbounded()
-    for _ in interleave([unbounded if prompts is None else prompts for prompts in lists], weights, max_prompts):
-        pass
-    return unbounded.served
+    generated = lists.index(None)
+    stand_ins = [_Unbounded() if prompts is None else prompts for prompts in lists]
+    return sum(source == generated for source, _ in interleave(stand_ins, weights, max_prompts))
 
 
 def load_prompts(sources: list[str], max_prompts: int, seed: int, self_chat: SelfChatSource | None = None,
@@ -239,8 +234,8 @@ def load_prompts(sources: list[str], max_prompts: int, seed: int, self_chat: Sel
     """The first `max_prompts` distinct prompts, interleaved over the sources so that a cut keeps a
     mix: round-robin, or in proportion to `weights` (source → weight, 1 for a source not named).
     Built-in sources are shuffled with `seed` (their own order is by file and line); a JSONL file and
-    `self_chat` keep their order. `self_chat` (which needs `self_chat`, the target's source) writes as
-    many user turns as its share of the mix."""
+    `self_chat` keep their order. The `self_chat` source needs the `self_chat` argument (the target
+    that writes it), and writes as many user turns as its share of the mix."""
     weights = weights or {}
     check_weights(sources, weights)
     lists: dict[str, list[DistillPrompt]] = {}
@@ -541,7 +536,8 @@ class SelfDistillDataModule(LightningDataModule):
         """Load the target, answer the prompts no chunk of the answers folder holds, then write the
         prompt set's file."""
         model, tokenizer = load_pretrained(self.target, device=self.generation_device)
-        self_chat = SelfChatSource(model, tokenizer, self.cache_dir / "self_chat", seed=self.seed)
+        fingerprint = model_fingerprint(model)
+        self_chat = SelfChatSource(model, tokenizer, fingerprint, self.cache_dir / "self_chat", seed=self.seed)
         prompts = load_prompts(self.prompt_sources, self.max_prompts, self.seed, self_chat, self.prompt_weights)
         limit = min(self.max_length, model.config.max_seq_len)
         kept = [(p, ids) for p in prompts if 0 < len(ids := encode(tokenizer, p)) < limit]
@@ -552,7 +548,6 @@ class SelfDistillDataModule(LightningDataModule):
             rank_zero_warn(f"skipping {len(prompts) - len(kept)} of {len(prompts)} prompts: empty or longer "
                            f"than {limit - 1} tokens")
         stop_ids = stop_token_ids(model, tokenizer)
-        fingerprint = model_fingerprint(model)
         directory = self.cache_dir / "data" / _sha({
             "version": CACHE_VERSION, "target": fingerprint, "stop_ids": sorted(stop_ids),
             "max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "features": self.features,
