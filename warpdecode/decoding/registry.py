@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Literal, TypeVar
+import os
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from warpdecode.errors import ConfigError
 
@@ -67,8 +71,80 @@ def options(cls: type) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """The constructor's resolved annotations (they are strings under `from __future__ import
+    annotations`); an annotation that does not resolve leaves its option unchecked."""
+    try:
+        return typing.get_type_hints(cls.__init__)  # type: ignore[misc]
+    except (NameError, TypeError):
+        return {}
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    """Whether `value` fits the annotation `hint`: bool, int, float (an int too), str (a path too), None,
+    Literal, unions and Optional, tuple/list/Sequence of those; any other annotation is not checked."""
+    origin = get_origin(hint)
+    if hint is Any or hint is inspect.Parameter.empty:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    if origin is Literal:
+        return any(type(value) is type(choice) and value == choice for choice in get_args(hint))
+    if origin in (Union, types.UnionType):
+        return any(_accepts(arg, value) for arg in get_args(hint))
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, (str, os.PathLike))
+    if origin in (tuple, list, Sequence):
+        if not isinstance(value, (tuple, list)):
+            return False
+        args = get_args(hint)
+        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, str]: a fixed length
+            return len(value) == len(args) and all(_accepts(a, v) for a, v in zip(args, value, strict=True))
+        return not args or all(_accepts(args[0], v) for v in value)
+    return not isinstance(hint, type) or isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    """`int` → "an int", `int | None` → "an int or null", `Literal["a", "b"]` → "one of 'a', 'b'"."""
+    origin = get_origin(hint)
+    if hint is None or hint is type(None):
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in get_args(hint))
+    if origin in (Union, types.UnionType):
+        parts = [_describe(arg) for arg in get_args(hint)]
+        return ", ".join(parts[:-1]) + " or " + parts[-1]
+    if origin in (tuple, list, Sequence):
+        args = get_args(hint)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list of {len(args)} ({', '.join(_describe(a) for a in args)})"
+        plural = {bool: "true/false values", int: "ints", float: "numbers", str: "strings"}
+        return "a list" + (f" of {plural[args[0]]}" if args and args[0] in plural else "")
+    simple = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+    return simple.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+_LABELS = {"drafter": "method", "commit_policy": "method"}
+
+
+def check_options(kind: Kind, name: str, cls: type, kwargs: dict[str, Any]) -> None:
+    """Raise a one-line ConfigError naming the first option whose value does not fit its annotation."""
+    hints = _hints(cls)
+    for option, value in kwargs.items():
+        if option in hints and not _accepts(hints[option], value):
+            raise ConfigError(f"{_LABELS.get(kind, kind)} option {name}.{option} must be "
+                              f"{_describe(hints[option])}, got {value!r}")
+
+
 def build(kind: Kind, name: str, **kwargs: Any) -> Any:
-    """Instantiate a component, turning a wrong option into a ConfigError that lists the valid ones."""
+    """Instantiate a component, turning a wrong option into a ConfigError that lists the valid ones,
+    and a value of the wrong type into one that names the option and the type it needs."""
     cls = get(kind, name)
     valid = options(cls)
     unknown = set(kwargs) - set(valid)
@@ -77,4 +153,5 @@ def build(kind: Kind, name: str, **kwargs: Any) -> Any:
     missing = [p.name for p in _parameters(cls) if p.default is inspect.Parameter.empty and p.name not in kwargs]
     if missing:
         raise ConfigError(f"{kind} {name!r} needs option(s) {missing}, e.g. {name}:{missing[0]}=...")
+    check_options(kind, name, cls, kwargs)
     return cls(**kwargs)

@@ -1,0 +1,42 @@
+"""The command line refuses bad values with one `error:` line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from warpdecode.cli import main
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int | str | None, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int | str | None, err: str, message: str) -> None:
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert message in err, err
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ('{"max_ngram": "abc"}', "method option prompt_lookup.max_ngram must be an int, got 'abc'"),
+    ('{"max_ngram": 1.5}', "method option prompt_lookup.max_ngram must be an int, got 1.5"),
+])
+def test_generate_method_options_of_the_wrong_type(options, message, tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--method", "prompt_lookup",
+                        "--method-options", options], capsys)
+    assert_one_line_error(code, err, message)
+
+
+def test_generate_controller_options_of_the_wrong_type(tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--method", "prompt_lookup",
+                        "--controller", "adaptive", "--controller-options", '{"initial": "four"}'], capsys)
+    assert_one_line_error(code, err, "controller option adaptive.initial must be an int, got 'four'")
+
+
+def test_bench_method_spec_of_the_wrong_type(tiny_model_dir, tmp_path, capsys):
+    code, _, err = run(["bench", "--model", str(tiny_model_dir), "--methods", "prompt_lookup:max_ngram=abc",
+                        "--out", str(tmp_path / "bench")], capsys)
+    assert_one_line_error(code, err, "method option prompt_lookup.max_ngram must be an int, got 'abc'")
