@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from warpdecode.cli import main
@@ -40,3 +42,31 @@ def test_bench_method_spec_of_the_wrong_type(tiny_model_dir, tmp_path, capsys):
     code, _, err = run(["bench", "--model", str(tiny_model_dir), "--methods", "prompt_lookup:max_ngram=abc",
                         "--out", str(tmp_path / "bench")], capsys)
     assert_one_line_error(code, err, "method option prompt_lookup.max_ngram must be an int, got 'abc'")
+
+
+def _commands_with_threads() -> list[str]:
+    """Every subcommand in `warpdecode.commands` that takes `--threads`."""
+    from warpdecode import commands
+
+    return sorted(name for name, f in vars(commands).items()
+                  if inspect.isfunction(f) and f.__module__ == commands.__name__ and not name.startswith("_")
+                  and "threads" in inspect.signature(f).parameters)
+
+
+def test_the_thread_commands_are_found():
+    assert {"generate", "bench", "self_chat"} <= set(_commands_with_threads())
+
+
+@pytest.mark.parametrize("threads", ["0", "-2"])
+@pytest.mark.parametrize("command", _commands_with_threads())
+def test_threads_below_one_is_a_one_line_error(command, threads, tiny_model_dir, tmp_path, capsys):
+    from warpdecode import commands
+
+    argv = [command]
+    for p in inspect.signature(getattr(commands, command)).parameters.values():
+        if p.default is inspect.Parameter.empty:  # the required arguments, with harmless values
+            argv += [str(tmp_path / "out")] if p.kind is p.POSITIONAL_OR_KEYWORD else [f"--{p.name}", "x"]
+    argv += ["--model", str(tiny_model_dir), "--threads", threads]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, f"--threads must be >= 1 (or left out for torch's choice), got {threads}")
+    assert not (tmp_path / "out").exists()

@@ -21,6 +21,14 @@ def _names(text: str | None) -> list[str]:
     return [item.strip() for item in (text or "").split(",") if item.strip()]
 
 
+def _check_threads(threads: int | None) -> None:
+    """Refuse a `--threads` count below 1 (torch would raise at set_num_threads, or later in a worker)."""
+    from warpdecode.errors import ConfigError
+
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be >= 1 (or left out for torch's choice), got {threads}")
+
+
 def convert(source: str, out: Path) -> None:
     """Convert a checkpoint into a warpdecode model directory (safetensors, config.json, tokenizer.json).
 
@@ -109,6 +117,7 @@ def generate(
 
     if temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {temperature}")
+    _check_threads(threads)
     if threads is not None:
         torch.set_num_threads(threads)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads)
@@ -415,6 +424,7 @@ def self_chat(
                         ("--max-new-tokens", max_new_tokens)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
+    _check_threads(threads)
     if threads is not None:
         torch.set_num_threads(threads)
     target, tokenizer = load_pretrained(model, device=torch_device(device))
@@ -527,6 +537,7 @@ def bench(
     from warpdecode.errors import ConfigError
     from warpdecode.models.checkpoint import read_config
 
+    _check_threads(threads)
     if package is None and not read_config(model).causal:
         _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
         return
