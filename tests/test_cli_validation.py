@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import json
+import shutil
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from warpdecode.cli import main
+from warpdecode.decoding.generate import generate
+from warpdecode.models.checkpoint import load_pretrained
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int | str | None, str, str]:
@@ -70,3 +76,33 @@ def test_threads_below_one_is_a_one_line_error(command, threads, tiny_model_dir,
     code, _, err = run(argv, capsys)
     assert_one_line_error(code, err, f"--threads must be >= 1 (or left out for torch's choice), got {threads}")
     assert not (tmp_path / "out").exists()
+
+
+def _model_copy(tiny_model_dir: Path, out: Path, *, config: dict[str, Any] | None = None,
+                tokenizer_config: dict[str, Any] | None = None) -> Path:
+    """A copy of the tiny model directory with some config.json / tokenizer_config.json keys replaced."""
+    shutil.copytree(tiny_model_dir, out)
+    for name, changes in (("config.json", config), ("tokenizer_config.json", tokenizer_config)):
+        path = out / name
+        path.write_text(json.dumps(json.loads(path.read_text()) | (changes or {})))
+    return out
+
+
+def test_an_empty_prompt_without_bos_or_chat_template_is_a_one_line_error(tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "", "--chat", "false"], capsys)
+    assert_one_line_error(code, err, "the prompt is empty: it gives no tokens and this model has no BOS token")
+
+
+@pytest.mark.parametrize("change", ["bos_token_id", "chat_template"])
+def test_an_empty_prompt_generates_from_the_bos_token_or_the_chat_template(change, tiny_model_dir, tmp_path, capsys):
+    if change == "bos_token_id":
+        model = _model_copy(tiny_model_dir, tmp_path / "model", config={"bos_token_id": 5})
+        expected: list[int] = [5]
+    else:
+        model = _model_copy(tiny_model_dir, tmp_path / "model", tokenizer_config={
+            "chat_template": "{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}assistant:"})
+        expected = load_pretrained(model)[1].encode("user: \nassistant:")
+    main(["generate", "--model", str(model), "--prompt", "", "--max-new-tokens", "3", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    target, _ = load_pretrained(model)
+    assert out["token_ids"] == generate(target, None, expected, max_new_tokens=3).token_ids

@@ -82,7 +82,8 @@ def generate(
             exported with --quantize), which need --package.
         device: cpu, or cuda (a CUDA device such as cuda:1) for --model on torch; with a package's
             onnxruntime backends also cuda or tensorrt where ONNX Runtime has those providers.
-        prompt: the prompt text.
+        prompt: the prompt text. An empty prompt is generated from when it still gives the model a
+            token: the chat template's, or else the model's BOS token (refused when it has neither).
         max_new_tokens: largest number of tokens to generate.
         temperature: 0 for greedy decoding; > 0 samples at this temperature.
         top_k: sample only among the k most likely tokens.

@@ -27,8 +27,23 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, *, chat: bool | None) -> li
     return tokenizer.encode(prompt)
 
 
+def bos_token_id(model: Backbone, tokenizer: Tokenizer | None) -> int | None:
+    """The model's beginning-of-sequence token: its config's, else the tokenizer's (None: it has none)."""
+    if model.config.bos_token_id is not None:
+        return model.config.bos_token_id
+    if tokenizer is not None and tokenizer.bos_token is not None:
+        return tokenizer.backend.token_to_id(tokenizer.bos_token)
+    return None
+
+
 def prompt_ids(model: Backbone, tokenizer: Tokenizer | None, prompt: str | list[int], *, chat: bool | None) -> list[int]:
-    """Token ids of a text or id prompt, checked to be non-empty and to leave room in the context."""
+    """Token ids of a text or id prompt, checked to be non-empty and to leave room in the context.
+
+    One rule for every prompt: the model needs at least one token to condition on. An empty text
+    prompt wrapped in the chat template has the template's tokens; a prompt that gives no tokens at
+    all (an empty text without the template, or an empty id list) starts from the model's BOS token,
+    as Hugging Face's `generate()` does without inputs, and is refused only when there is none.
+    """
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ConfigError("a text prompt needs a tokenizer")
@@ -36,7 +51,12 @@ def prompt_ids(model: Backbone, tokenizer: Tokenizer | None, prompt: str | list[
     ids = list(prompt)
     context = model.config.max_seq_len
     if not ids:
-        raise ConfigError("the prompt is empty")
+        bos = bos_token_id(model, tokenizer)
+        if bos is None:
+            hint = " or the chat template (--chat true)" if tokenizer is not None and tokenizer.chat_template else ""
+            raise ConfigError("the prompt is empty: it gives no tokens and this model has no BOS token to start "
+                              f"from; give some text{hint}")
+        ids = [bos]
     if len(ids) >= context:
         raise ConfigError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
     return ids
@@ -100,7 +120,8 @@ def generate(
     to greedy decoding too, the other filters only when sampling. `method` is a
     registered drafter name (`warpdecode methods`) or a built `Method`. `streamer` receives text
     increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
-    output text is empty.
+    output text is empty. An empty prompt is allowed when it still gives the model a token: the chat
+    template's, or else the model's BOS token (`prompt_ids`); a `ConfigError` says so otherwise.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
