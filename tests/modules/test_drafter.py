@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,22 +32,38 @@ def test_distillation_loss_equals_the_zero_padded_reference(n, ahead):
 
 def test_fit_saves_the_package_with_its_acceptance_plot_and_logs_it_to_wandb(tiny_model_dir, self_distill_data,
                                                                            tmp_path: Path, monkeypatch):
+    """What reaches W&B is read from what its run was given, not from the offline record file, which
+    the W&B service writes in the background (right after `finish()` it may hold its header alone)."""
+    import wandb
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     logger = WandbLogger(project="warpdecode", save_dir=str(tmp_path), offline=True)
+    run = logger.experiment
+    logged: list[dict[str, Any]] = []
+    log = run.log
+
+    def record(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        logged.append(dict(data))
+        log(data, *args, **kwargs)
+
+    monkeypatch.setattr(run, "log", record)
     module = MedusaDrafter(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4,
                            export_dir=str(tmp_path / "drafter"))
     trainer = Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
     trainer.fit(module, datamodule=self_distill_data)
-    logger.experiment.finish()
+    run_dir = Path(run.dir)
+    run.finish()
 
     package = DrafterPackage.load(tmp_path / "drafter", "medusa")
     assert len(package.training["val_tau_by_nodes"]) == 4
-    assert (tmp_path / "drafter" / "acceptance.png").read_bytes().startswith(b"\x89PNG")
-    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
-    (records,) = offline.glob("run-*.wandb")
-    assert b"val/acceptance" in records.read_bytes()
-    assert list((offline / "files" / "media" / "images").glob("val/acceptance*.png"))  # the picture itself
+    plot = (tmp_path / "drafter" / "acceptance.png").read_bytes()
+    assert plot.startswith(b"\x89PNG")
+    (images,) = [entry["val/acceptance"] for entry in logged if "val/acceptance" in entry]  # logged once
+    assert len(images) == 1 and isinstance(images[0], wandb.Image)
+    # Logging an image copies it into the run's media folder before `log` returns (no background writer).
+    (copied,) = (run_dir / "media" / "images").glob("val/acceptance*.png")
+    assert copied.read_bytes() == plot
 
 
 def test_a_drafter_that_ranks_no_validation_token_high_enough_saves_without_a_tree(tiny_model_dir, self_distill_data,
