@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from warpdecode.errors import CapabilityError
+from warpdecode.errors import CapabilityError, PackageIntegrityError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import BackboneOutput, Transformer, default_new_mask, new_token_mask
@@ -43,6 +43,21 @@ graph: 3,000 prompt tokens 3.27 s whole, 2.84 s in chunks of 256; 600 tokens 395
 COPY_PREFIX_ROWS = 64
 """From this many new tokens a forward is compute-bound: it attends to a copy of the committed
 cache prefix instead of the whole buffer (copying is cheap beside the work, masked slots are not)."""
+
+
+def open_session(graph: Path, options: Any, providers: list[str]) -> Any:
+    """An ONNX Runtime session for `graph`: a missing or unreadable file is a one-line
+    `PackageIntegrityError`, not ONNX Runtime's NO_SUCHFILE / INVALID_PROTOBUF traceback (other load
+    errors, such as an operator this ONNX Runtime lacks, propagate)."""
+    import onnxruntime as ort
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    if not graph.is_file():
+        raise PackageIntegrityError(f"{graph} is missing")
+    try:
+        return ort.InferenceSession(str(graph), options, providers=providers)
+    except (state.NoSuchFile, state.InvalidProtobuf) as e:
+        raise PackageIntegrityError(f"{graph} is not a readable ONNX graph: {str(e).splitlines()[0][:200]}") from e
 
 
 def _bind(binding: object, bind: str, name: str, tensor: Tensor) -> None:
@@ -95,7 +110,7 @@ class OnnxRuntimeBackbone:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # a provider that fails to load is reported below, not as log noise
-        session = ort.InferenceSession(str(graph), options, providers=PROVIDERS[self.device])
+        session = open_session(graph, options, PROVIDERS[self.device])
         active = session.get_providers()
         if active[0] != PROVIDERS[self.device][0]:
             raise CapabilityError(f"ONNX Runtime could not load {PROVIDERS[self.device][0]} here (active: {active}); "
