@@ -39,8 +39,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from warpdecode.export.onnx_graph import OPSET, cache_shapes, export_optimized, quiet_exporter
-from warpdecode.export.onnxruntime_backend import run_step_graph
+from warpdecode.errors import CheckpointError
+from warpdecode.export.onnx_graph import (
+    OPSET,
+    cache_shapes,
+    export_optimized,
+    external_data_locations,
+    quiet_exporter,
+)
+from warpdecode.export.onnxruntime_backend import open_session, run_step_graph
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
@@ -247,7 +254,25 @@ def cpu_session(path: Path, threads: int | None) -> object:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return open_session(path, options, ["CPUExecutionProvider"])
+
+
+def find_graphs(directory: Path, names: list[str]) -> list[Path] | None:
+    """The graphs `names` of the drafter package `directory`, or None if any is missing. Each must lie
+    inside the directory (symlinks resolved) and name no external data outside it (`CheckpointError`
+    otherwise): a drafter directory used on its own gets the containment an inference package's
+    verification gives its drafters."""
+    paths = [directory / name for name in names]
+    if not all(path.is_file() for path in paths):
+        return None
+    root = directory.resolve()
+    for path in paths:
+        if not path.resolve().is_relative_to(root):
+            raise CheckpointError(f"{path} resolves to {path.resolve()}, outside its drafter package")
+        for location in external_data_locations(path):
+            if not location or not (path.parent / location).resolve().is_relative_to(root):
+                raise CheckpointError(f"{path} names external data {location!r} outside its drafter package")
+    return paths
 
 
 def run_graph(session: object, **inputs: Tensor) -> Tensor:
@@ -267,10 +292,8 @@ class OnnxEagle:
     @classmethod
     def find(cls, directory: Path, threads: int | None = None) -> OnnxEagle | None:
         """The graphs in `directory`, or None if either is missing."""
-        paths = [directory / name for name in EAGLE_GRAPHS]
-        if not all(path.is_file() for path in paths):
-            return None
-        return cls(*(cpu_session(path, threads) for path in paths))
+        paths = find_graphs(directory, list(EAGLE_GRAPHS))
+        return None if paths is None else cls(*(cpu_session(path, threads) for path in paths))
 
     def __call__(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor, cache: KVCache,
                  attention_mask: Tensor | None = None, logits_slice: slice | None = None) -> tuple[Tensor, Tensor]:
@@ -301,8 +324,8 @@ class OnnxDistilled:
     @classmethod
     def find(cls, directory: Path, net: DistilledDraftNet, threads: int | None = None) -> OnnxDistilled | None:
         """The graph of `net` in `directory`, or None if it is missing."""
-        path = directory / DISTILLED_GRAPH
-        return cls(cpu_session(path, threads), net.config.vocab_size) if path.is_file() else None
+        paths = find_graphs(directory, [DISTILLED_GRAPH])
+        return None if paths is None else cls(cpu_session(paths[0], threads), net.config.vocab_size)
 
     def __call__(self, tokens: Tensor, embed: nn.Embedding, cache: KVCache | None = None,
                  logits_slice: slice | None = None) -> Tensor:
@@ -328,8 +351,8 @@ class OnnxClover:
     @classmethod
     def find(cls, directory: Path, net: CloverNet, threads: int | None = None) -> OnnxClover | None:
         """The graphs of `net` in `directory`, or None if either is missing."""
-        paths = [directory / name for name in CLOVER_GRAPHS]
-        if not all(path.is_file() for path in paths):
+        paths = find_graphs(directory, list(CLOVER_GRAPHS))
+        if paths is None:
             return None
         return cls(cpu_session(paths[0], threads), cpu_session(paths[1], threads), net.draft_vocab.numel())
 
@@ -365,11 +388,12 @@ class OnnxHeads:
     @classmethod
     def find(cls, directory: Path, net: FutureHeads, threads: int | None = None) -> OnnxHeads | None:
         """The graphs in `directory` for `net`'s kind and head count, or None if any is missing."""
-        files = ({k: directory / hydra_graph(k) for k in range(1, net.num_heads + 1)} if isinstance(net, HydraHeads)
-                 else {0: directory / MEDUSA_GRAPH})
-        if not all(path.is_file() for path in files.values()):
+        names = ({k: hydra_graph(k) for k in range(1, net.num_heads + 1)} if isinstance(net, HydraHeads)
+                 else {0: MEDUSA_GRAPH})
+        paths = find_graphs(directory, list(names.values()))
+        if paths is None:
             return None
-        return cls({k: cpu_session(path, threads) for k, path in files.items()})
+        return cls({k: cpu_session(path, threads) for k, path in zip(names, paths, strict=True)})
 
     def _run(self, key: int, **inputs: Tensor) -> Tensor:
         return run_graph(self.sessions[key], **inputs)

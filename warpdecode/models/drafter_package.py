@@ -9,7 +9,8 @@
       "training": {...}                      # what it cost and what validation measured
     }
 
-Loading checks the file set, the format version and the target's fingerprint
+Loading checks the file set (inside the directory: no symbolic link out of it), the schema of
+drafter.json (`validate_meta`), the format version and the target's fingerprint
 (`models.identity`), and refuses a mismatch with a `CheckpointError` that says which target the
 drafter wants: a drafter run on another model drafts garbage without any error.
 """
@@ -55,8 +56,9 @@ class DrafterPackage:
         found = target.fingerprint()
         if found != self.target["fingerprint"]:
             raise CheckpointError(
-                f"this {self.kind} drafter was trained for {self.target['source']!r} (fingerprint "
-                f"{self.target['fingerprint']}, {self.target['n_layer']} layers, d_model {self.target['d_model']}), "
+                f"this {self.kind} drafter was trained for {self.target.get('source')!r} (fingerprint "
+                f"{self.target['fingerprint']}, {self.target.get('n_layer')} layers, "
+                f"d_model {self.target.get('d_model')}), "
                 f"but the target is another model (fingerprint {found}, {target.config.n_layer} layers, "
                 f"d_model {target.config.d_model}); train a drafter for this target with `warpdecode fit`"
             )
@@ -73,24 +75,63 @@ class DrafterPackage:
 
     @classmethod
     def load(cls, directory: str | Path, kind: str | None = None) -> DrafterPackage:
-        """Load and check a package; `kind`: the drafter kind it must hold (None: any)."""
+        """Load and check a package; `kind`: the drafter kind it must hold (None: any). Its files must
+        lie inside `directory` (symlinks resolved) and drafter.json must match the schema
+        (`validate_meta`); `CheckpointError` otherwise."""
         directory = Path(directory)
         meta_path, weights_path = directory / META_FILE, directory / WEIGHTS_FILE
         for path in (meta_path, weights_path):
             if not path.is_file():
                 raise CheckpointError(f"{directory} is not a drafter package: {path.name} is missing "
                                       f"(train one with `warpdecode fit` and a recipe from configs/)")
+            if not path.resolve().is_relative_to(directory.resolve()):
+                raise CheckpointError(f"{path} resolves to {path.resolve()}, outside its drafter package")
         try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as e:
+            meta = validate_meta(json.loads(meta_path.read_text()), meta_path)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{meta_path} is not valid JSON: {e}") from e
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise CheckpointError(f"{meta_path}: expected format {FORMAT!r} version {VERSION}, got "
-                                  f"{meta.get('format')!r} version {meta.get('version')}")
-        if kind is not None and meta.get("kind") != kind:
-            raise CheckpointError(f"{directory} holds a {meta.get('kind')!r} drafter, not {kind!r}")
+        if kind is not None and meta["kind"] != kind:
+            raise CheckpointError(f"{directory} holds a {meta['kind']!r} drafter, not {kind!r}")
         try:
             weights = load_file(str(weights_path))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{weights_path} is corrupt or truncated: {e}") from e
         return cls(meta["kind"], meta["target"], meta["config"], weights, meta.get("tree", {}), meta.get("training", {}))
+
+
+def validate_meta(meta: Any, where: Path) -> dict[str, Any]:
+    """Check a drafter.json before use: format and version, `kind` (a string), `target` (an object
+    with a string `fingerprint`; `source` a string and `vocab_size` / `d_model` / `n_layer` integers
+    where present), `config` (an object), and where present `tree` (an object whose `rank_paths` is a
+    list of non-empty lists of non-negative integers) and `training` (an object). One-line
+    `CheckpointError` naming the first bad field."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION \
+            or isinstance(meta.get("version"), bool):
+        found = meta if not isinstance(meta, dict) else f"{meta.get('format')!r} version {meta.get('version')!r}"
+        raise CheckpointError(f"{where}: expected format {FORMAT!r} version {VERSION}, got {str(found)[:80]}")
+
+    def field(parent: dict[str, Any], key: str, name: str, kind: type, what: str, required: bool = True) -> Any:
+        if key not in parent:
+            if required:
+                raise CheckpointError(f"{where}: field {name} is missing")
+            return None
+        value = parent[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise CheckpointError(f"{where}: field {name} must be {what}, got {repr(value)[:60]}")
+        return value
+
+    field(meta, "kind", "kind", str, "a string")
+    target = field(meta, "target", "target", dict, "an object")
+    field(target, "fingerprint", "target.fingerprint", str, "a string")
+    field(target, "source", "target.source", str, "a string", required=False)
+    for key in ("vocab_size", "d_model", "n_layer"):
+        field(target, key, f"target.{key}", int, "an integer", required=False)
+    field(meta, "config", "config", dict, "an object")
+    field(meta, "training", "training", dict, "an object", required=False)
+    tree = field(meta, "tree", "tree", dict, "an object", required=False) or {}
+    paths = field(tree, "rank_paths", "tree.rank_paths", list, "a list of rank paths", required=False) or []
+    if not all(isinstance(p, list) and p and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p)
+               for p in paths):
+        raise CheckpointError(f"{where}: field tree.rank_paths must be a list of non-empty lists of non-negative "
+                              f"integers, got {repr(paths)[:60]}")
+    return meta
