@@ -18,16 +18,20 @@
                                also the small learned controls (a SpecDec++ acceptance head, FiRST
                                layer routers), which the drafters reading them pick up
 
-`InferencePackage.load` checks the format version, then every listed file's size and sha256, before
-anything is parsed: a tampered, truncated or incomplete package is refused with a
-`PackageIntegrityError` that names the file. Nothing in a package is executed; weights are read as
-plain tensors.
+`InferencePackage.load` checks the manifest against its schema and format version, then every listed
+file's place (inside the package once symbolic links are resolved), size and sha256, before anything
+else is parsed; then that every file the runtime opens (the graphs the manifest names, the external
+data each graph names, the tokenizer's files, the drafter directories and all they hold) is one of
+those verified files, which `InferencePackage.file` alone hands out. A tampered, truncated,
+incomplete or malformed package is refused with a one-line `PackageIntegrityError` that names the
+file or the manifest field. Nothing in a package is executed; weights are read as plain tensors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -40,6 +44,7 @@ import torch
 import warpdecode
 from warpdecode.decoding import registry
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
+from warpdecode.export import onnx_graph
 from warpdecode.export.accuracy import compare_models
 from warpdecode.export.drafter_graphs import export_drafter_graphs
 from warpdecode.export.embeds_graph import write_embeds_graph
@@ -49,7 +54,7 @@ from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.drafter_package import DrafterPackage
+from warpdecode.models.drafter_package import META_FILE, WEIGHTS_FILE, DrafterPackage
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
 
@@ -190,39 +195,123 @@ def export_package(
     return out
 
 
+def _short(value: Any) -> str:
+    """A JSON value for a one-line message (`repr` escapes newlines), cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _safe_name(name: str) -> bool:
+    """A relative POSIX path below the package: not absolute, no `..`, `.` or empty component, no backslash."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+def validate_manifest(manifest: Any, where: Path) -> dict[str, Any]:
+    """Check the manifest fields the runtime reads, before any is used: the format and its version,
+    then each field's type and required keys (`files`: name → {sha256, bytes}; `target`: fingerprint
+    and config; `backbone`: graph, hidden_layers and the optional fused_graph, embeds_graphs,
+    variants, weight_aliases; `drafters`; `generation`) and that every file name stays inside the
+    package. `PackageIntegrityError` naming the first bad field; `where`: the manifest's path."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise PackageIntegrityError(f"{where} is not a {FORMAT} manifest")
+
+    def fail(label: str, what: str, value: Any) -> PackageIntegrityError:
+        return PackageIntegrityError(f"{where}: manifest field {label} must be {what}, got {_short(value)}")
+
+    def get(parent: dict[str, Any], key: str, label: str, kind: type | tuple[type, ...], what: str,
+            required: bool = True) -> Any:
+        if key not in parent:
+            if required:
+                raise PackageIntegrityError(f"{where}: manifest field {label} is missing")
+            return None
+        value = parent[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise fail(label, what, value)
+        return value
+
+    def strings(value: dict[str, Any], label: str, names: bool = False) -> None:
+        for key, item in value.items():
+            if not isinstance(item, str) or (names and not _safe_name(item)):
+                raise fail(f"{label}[{key!r}]", "a relative path inside the package" if names else "a string", item)
+
+    version = get(manifest, "format_version", "format_version", int, "an integer")
+    if version != FORMAT_VERSION:
+        raise PackageIntegrityError(
+            f"{where.parent} has package format {version} (written by warpdecode {manifest.get('warpdecode_version')}); "
+            f"this warpdecode {warpdecode.__version__} reads format {FORMAT_VERSION}"
+            + ("; upgrade warpdecode" if version > FORMAT_VERSION else "; re-export it"))
+    files = get(manifest, "files", "files", dict, "an object of file name → {sha256, bytes}")
+    for name, entry in files.items():
+        label = f"files[{name!r}]"
+        if not _safe_name(name):
+            raise PackageIntegrityError(f"{where}: manifest field {label} names a path outside the package "
+                                        f"(absolute, or with a '..' component); a package lists only its own files")
+        if name == MANIFEST:
+            raise PackageIntegrityError(f"{where}: manifest field {label} lists the manifest itself")
+        get(files, name, label, dict, "an object {sha256, bytes}")
+        digest = get(entry, "sha256", f"{label}.sha256", str, "a 64-digit hex string")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise fail(f"{label}.sha256", "a 64-digit lowercase hex string", digest)
+        if get(entry, "bytes", f"{label}.bytes", int, "a non-negative integer") < 0:
+            raise fail(f"{label}.bytes", "a non-negative integer", entry["bytes"])
+    target = get(manifest, "target", "target", dict, "an object")
+    get(target, "fingerprint", "target.fingerprint", str, "a string")
+    get(target, "config", "target.config", dict, "an object (the model configuration)")
+    backbone = get(manifest, "backbone", "backbone", dict, "an object")
+    get(backbone, "graph", "backbone.graph", str, "a file name")
+    layers = get(backbone, "hidden_layers", "backbone.hidden_layers", list, "a list of integers")
+    if not all(isinstance(j, int) and not isinstance(j, bool) and j >= 0 for j in layers):
+        raise fail("backbone.hidden_layers", "a list of non-negative integers", layers)
+    get(backbone, "fused_graph", "backbone.fused_graph", (str, type(None)), "a file name or null", required=False)
+    strings(get(backbone, "embeds_graphs", "backbone.embeds_graphs", dict, "an object", required=False) or {},
+            "backbone.embeds_graphs")
+    strings(get(backbone, "weight_aliases", "backbone.weight_aliases", dict, "an object", required=False) or {},
+            "backbone.weight_aliases")
+    variants = get(backbone, "variants", "backbone.variants", dict, "an object", required=False) or {}
+    for kind, variant in variants.items():
+        label = f"backbone.variants[{kind!r}]"
+        get(variants, kind, label, dict, "an object {graph, backend, fused, accuracy}")
+        get(variant, "graph", f"{label}.graph", str, "a file name")
+        get(variant, "fused", f"{label}.fused", bool, "true or false", required=False)
+    strings(get(manifest, "drafters", "drafters", dict, "an object", required=False) or {}, "drafters", names=True)
+    get(manifest, "generation", "generation", dict, "an object", required=False)
+    return manifest
+
+
 @dataclass
 class InferencePackage:
     directory: Path
     manifest: dict[str, Any]
     _torch: Transformer | None = field(default=None, repr=False, compare=False)
     """The PyTorch model, built once: the torch backend and ONNX Runtime's `torch_model()` share it."""
+    verified: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    """The `files` entries `load` checked (inside the package, size and sha256): all `file` hands out."""
 
     @classmethod
     def load(cls, directory: str | Path) -> InferencePackage:
-        """Open and verify a package (format version, then every file's size and sha256)."""
+        """Open and verify a package: the manifest's schema and format version (`validate_manifest`),
+        then that every listed file lies inside the package (symlinks resolved) and has its size and
+        sha256, that every file the runtime opens (graphs, the external data each graph names,
+        tokenizer, drafter directories) is one of them, and that the target configuration is valid."""
         directory = Path(directory)
         path = directory / MANIFEST
         if not path.is_file():
             raise PackageIntegrityError(f"{directory} is not an inference package: {MANIFEST} is missing "
                                         f"(make one with `warpdecode export`)")
+        if not path.resolve().is_relative_to(directory.resolve()):
+            raise PackageIntegrityError(f"{path} resolves to {path.resolve()}, outside the package")
         try:
             manifest = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PackageIntegrityError(f"{path} is not valid JSON: {e}") from e
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise PackageIntegrityError(f"{path} is not a {FORMAT} manifest")
-        version = manifest.get("format_version")
-        if version != FORMAT_VERSION:
-            newer = isinstance(version, int) and version > FORMAT_VERSION
-            raise PackageIntegrityError(
-                f"{directory} has package format {version} (written by warpdecode {manifest.get('warpdecode_version')}); "
-                f"this warpdecode {warpdecode.__version__} reads format {FORMAT_VERSION}"
-                + ("; upgrade warpdecode" if newer else "; re-export it"))
-        files = manifest.get("files")
-        if not isinstance(files, dict) or GRAPH not in files:
-            raise PackageIntegrityError(f"{path} lists no {GRAPH}")
-        for name, entry in files.items():
+        package = cls(directory, validate_manifest(manifest, path))
+        root = directory.resolve()
+        for name, entry in manifest["files"].items():
             file = directory / name
+            if not file.resolve().is_relative_to(root):
+                raise PackageIntegrityError(f"{directory}: {name} resolves to {file.resolve()}, outside the package "
+                                            f"(a symbolic link out of it)")
             if not file.is_file():
                 raise PackageIntegrityError(f"{directory}: {name} is missing")
             size = file.stat().st_size
@@ -232,7 +321,79 @@ class InferencePackage:
             if sha256_of(file) != entry["sha256"]:
                 raise PackageIntegrityError(f"{directory}: {name} does not match its sha256 in the manifest "
                                             f"(modified after export)")
-        return cls(directory, manifest)
+        package.verified = frozenset(manifest["files"])
+        package._check_references()
+        return package
+
+    def file(self, name: str, label: str = "files") -> Path:
+        """The path of `name`, a file `load` verified: the one way the runtime reaches a package file.
+
+        `PackageIntegrityError` unless `name` is a verified `files` entry still lying inside the package
+        (symlinks resolved); `label`: the manifest field that names it, for the message."""
+        if name not in self.verified:
+            raise PackageIntegrityError(f"{self.directory}: manifest field {label} names {_short(name)}, which is not a "
+                                        f"verified file of the package (every file the runtime opens must be listed "
+                                        f"in files)")
+        path = self.directory / name
+        if not path.resolve().is_relative_to(self.directory.resolve()):
+            raise PackageIntegrityError(f"{self.directory}: {name} resolves outside the package")
+        return path
+
+    def drafter_directory(self, kind: str) -> Path:
+        """The directory of the packaged drafter `kind` (`drafters/<kind>`), checked: inside the package,
+        holding its drafter.json and drafter.safetensors, and nothing that is not a verified file (its
+        drafter reads every graph it finds there)."""
+        relative, label = self.manifest["drafters"][kind], f"drafters[{kind!r}]"
+        path = self.directory / relative
+        if not _safe_name(relative) or not path.resolve().is_relative_to(self.directory.resolve()):
+            raise PackageIntegrityError(f"{self.directory}: manifest field {label} names {_short(relative)}, "
+                                        f"outside the package")
+        for name in (META_FILE, WEIGHTS_FILE):
+            self.file(f"{relative}/{name}", label)
+        for parent, dirs, names in os.walk(path):
+            for name in [*dirs, *names]:
+                entry = Path(parent) / name
+                if entry.is_dir() and not entry.is_symlink():
+                    continue
+                listed = entry.relative_to(self.directory).as_posix()
+                if listed not in self.verified:
+                    raise PackageIntegrityError(f"{self.directory}: {listed} lies in the drafter directory of manifest "
+                                                f"field {label} but is not a verified file (not listed in files)")
+        return path
+
+    def _check_references(self) -> None:
+        """Every file the runtime may open is a verified entry (`file`): the graphs the manifest names,
+        the external data every listed graph names, the tokenizer's files and the drafter directories;
+        and the target configuration is one `ModelConfig` accepts."""
+        backbone = self.manifest["backbone"]
+        self.file(backbone["graph"], "backbone.graph")
+        if backbone.get("fused_graph") is not None:
+            self.file(backbone["fused_graph"], "backbone.fused_graph")
+        for graph, embeds in backbone.get("embeds_graphs", {}).items():
+            self.file(embeds, f"backbone.embeds_graphs[{graph!r}]")
+        for kind, variant in backbone.get("variants", {}).items():
+            self.file(variant["graph"], f"backbone.variants[{kind!r}].graph")
+        verified = {(self.directory / name).resolve() for name in self.verified}
+        for name in sorted(n for n in self.verified if n.endswith(".onnx")):
+            graph = self.directory / name
+            for location in sorted(onnx_graph.external_data_locations(graph)):
+                # ONNX Runtime joins the location to the graph's directory: as named, and once resolved
+                places = {(graph.parent / location).resolve(), (graph.resolve().parent / location).resolve()}
+                if not location or not places <= verified:
+                    raise PackageIntegrityError(f"{self.directory}: {name} reads external data from {_short(location)}, "
+                                                f"which is not a verified file of the package (not listed in files)")
+        if "tokenizer.json" in self.verified:
+            config = self.directory / "tokenizer_config.json"
+            if (config.exists() or config.is_symlink()) and "tokenizer_config.json" not in self.verified:
+                raise PackageIntegrityError(f"{self.directory}: tokenizer_config.json is read with tokenizer.json "
+                                            f"but is not a verified file (not listed in files)")
+        for kind in self.manifest.get("drafters", {}):
+            self.drafter_directory(kind)
+        try:
+            ModelConfig.from_dict(self.manifest["target"]["config"])
+        except (ConfigError, TypeError, ValueError) as e:
+            raise PackageIntegrityError(f"{self.directory / MANIFEST}: manifest field target.config is not a model "
+                                        f"configuration: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
     @property
     def config(self) -> ModelConfig:
@@ -250,19 +411,28 @@ class InferencePackage:
     def generation(self) -> dict[str, Any]:
         return dict(self.manifest.get("generation", {}))
 
+    @property
+    def graph(self) -> Path:
+        """The verified step graph (`backbone.graph`), whose external data holds every weight."""
+        return self.file(self.manifest["backbone"]["graph"], "backbone.graph")
+
     def tokenizer(self) -> Tokenizer | None:
-        return Tokenizer.load(self.directory) if "tokenizer.json" in self.manifest["files"] else None
+        if "tokenizer.json" not in self.manifest["files"]:
+            return None
+        return Tokenizer.load(self.file("tokenizer.json").parent)
 
     def drafter_options(self) -> dict[str, dict[str, Any]]:
         """Drafter (or verifier) name → the options that run the package's trained drafter of that kind
         (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path, nor does
         `verifier=judge` with a packaged judge. A small learned control goes to the drafters that read
-        it (`CONTROL_OPTIONS`): an acceptance head to `int4_self` / `int8_self`, layer routers to `first`."""
+        it (`CONTROL_OPTIONS`): an acceptance head to `int4_self` / `int8_self`, layer routers to `first`.
+        Each directory is checked first (`drafter_directory`)."""
         options: dict[str, dict[str, Any]] = {}
-        for kind, relative in self.manifest.get("drafters", {}).items():
+        for kind in self.manifest.get("drafters", {}):
+            path = self.drafter_directory(kind)
             names, option = CONTROL_OPTIONS.get(kind, ((kind,), "path"))
             for name in names:
-                options.setdefault(name, {})[option] = str(self.directory / relative)
+                options.setdefault(name, {})[option] = str(path)
         return options
 
     def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
@@ -270,7 +440,8 @@ class InferencePackage:
         quantised copy, lossy); torch rebuilds the `Transformer` from the graph's weights (the reference).
 
         On the CPU, onnxruntime runs the fused graph where the package has one; onnxruntime-portable
-        the step graph every ONNX runtime and execution provider can run."""
+        the step graph every ONNX runtime and execution provider can run. Every graph is opened
+        through `file` (a verified entry of the package)."""
         if backend == "torch":
             if device != "cpu":
                 raise CapabilityError("the torch backend of a package runs on the CPU here; move the model yourself for GPUs")
@@ -279,40 +450,41 @@ class InferencePackage:
             raise CapabilityError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
                                   + (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime "
                                      "has its TensorRT provider)" if backend == "tensorrt" else ""))
-        graph = self.directory / GRAPH
-        fused_graph = self.manifest["backbone"].get("fused_graph")
+        manifest = self.manifest["backbone"]
+        step_graph, fused_graph = manifest["graph"], manifest.get("fused_graph")
+        name, label = step_graph, "backbone.graph"
         if backend == "onnxruntime" and device == "cpu" and fused_graph:
-            graph = self.directory / fused_graph  # ONNX Runtime's CPU decoder operators (`export.fused_graph`)
+            name, label = fused_graph, "backbone.fused_graph"  # ONNX Runtime's CPU decoder operators (`export.fused_graph`)
         if backend in LOSSY_BACKENDS:
             kind = backend.removeprefix("onnxruntime-")
-            variant = self.manifest["backbone"].get("variants", {}).get(kind)
+            variant = manifest.get("variants", {}).get(kind)
             if variant is None:
                 raise CapabilityError(f"{self.directory} has no {kind} graph; export it with --quantize {kind}")
             if variant.get("fused") and device != "cpu":
                 raise CapabilityError(f"the {kind} graph of {self.directory} uses ONNX Runtime's CPU decoder operators; "
                                       f"run it with --device cpu")
-            graph = self.directory / variant["graph"]
+            name, label = variant["graph"], f"backbone.variants[{kind!r}].graph"
         config = self.config
         names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
-        weights = read_weights(self.directory / GRAPH, names, self.weight_aliases)
+        weights = read_weights(self.graph, names, self.weight_aliases)
+        embeds_graphs = manifest.get("embeds_graphs", {})
 
-        embeds_graphs = self.manifest["backbone"].get("embeds_graphs", {})
-
-        def session(path: Path) -> OnnxRuntimeBackbone:
-            embeds = embeds_graphs.get(path.name)
-            return OnnxRuntimeBackbone(path, config, self.fingerprint, self.manifest["backbone"]["hidden_layers"],
+        def session(name: str, label: str) -> OnnxRuntimeBackbone:
+            embeds = embeds_graphs.get(name)
+            return OnnxRuntimeBackbone(self.file(name, label), config, self.fingerprint, manifest["hidden_layers"],
                                        weights[names[0]], weights.get(WEIGHT_PREFIX + "lm_head.weight"),
                                        torch_loader=self._torch_model, device=device, threads=threads,
-                                       embeds_graph=None if embeds is None else self.directory / embeds)
+                                       embeds_graph=None if embeds is None
+                                       else self.file(embeds, f"backbone.embeds_graphs[{name!r}]"))
 
-        if graph.name == fused_graph:
+        if name == fused_graph:
             try:
-                return session(graph)
+                return session(name, label)
             except onnxruntime_load_errors() as e:  # an ONNX Runtime without these operators (older than tested)
-                warnings.warn(f"ONNX Runtime could not load {graph.name} ({str(e).splitlines()[0][:200]}); "
-                              f"running the portable {GRAPH} instead", RuntimeWarning, stacklevel=2)
-                graph = self.directory / GRAPH
-        return session(graph)
+                warnings.warn(f"ONNX Runtime could not load {name} ({str(e).splitlines()[0][:200]}); "
+                              f"running the portable {step_graph} instead", RuntimeWarning, stacklevel=2)
+                name, label = step_graph, "backbone.graph"
+        return session(name, label)
 
     def _torch_model(self) -> Transformer:
         if self._torch is None:
@@ -324,13 +496,13 @@ class InferencePackage:
         with torch.device("meta"):
             model = Transformer(config)
         keys = [k for k in model.state_dict()]
-        weights = read_weights(self.directory / GRAPH, [WEIGHT_PREFIX + k for k in keys], self.weight_aliases)
+        weights = read_weights(self.graph, [WEIGHT_PREFIX + k for k in keys], self.weight_aliases)
         model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
         if config.position == "rope":
             model.inv_freq = rope_inv_freq(config)
         model.eval()
         if model.fingerprint() != self.fingerprint:
-            raise PackageIntegrityError(f"{self.directory}: the weights in {GRAPH} are not the exported model's "
+            raise PackageIntegrityError(f"{self.directory}: the weights in {self.graph.name} are not the exported model's "
                                         f"(fingerprint {model.fingerprint()}, manifest {self.fingerprint})")
         return model
 
