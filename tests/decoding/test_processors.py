@@ -1,5 +1,7 @@
 """Logits processors against hand-computed values and against Hugging Face's implementations."""
 
+import functools
+
 import pytest
 import torch
 
@@ -103,3 +105,61 @@ def test_penalties_apply_in_greedy_selection():
 def test_invalid_values_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):
         SamplingConfig(do_sample=True, **kwargs)
+
+
+SMOLLM2_VOCAB = 49_152
+
+
+@functools.cache
+def _nucleus_rows() -> torch.Tensor:
+    """288 rows of logits over the real vocabulary size: flat (std 0.5) to peaked (std 5), a few rows
+    with one dominant token and a few already cut by top-k (-inf entries)."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(96, SMOLLM2_VOCAB, generator=g) * scale for scale in (0.5, 2.0, 5.0)]
+    dominant = torch.randn(8, SMOLLM2_VOCAB, generator=g)
+    dominant[:, 123] = 12.0
+    cut = torch.randn(8, SMOLLM2_VOCAB, generator=g) * 2
+    return torch.cat(rows + [dominant, TopK(200)(cut)])
+
+
+def _descending_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """The earlier rule: the mass before a token, summed in descending float32 order, reaches p."""
+    sorted_probs, order = torch.softmax(logits, -1).sort(dim=-1, descending=True)
+    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= p
+    return drop.scatter(-1, order, drop)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8, 0.95, 0.99])
+def test_top_p_keeps_the_same_set_as_transformers_on_the_real_vocabulary(p):
+    transformers = pytest.importorskip("transformers")
+    logits = _nucleus_rows()
+    ref = transformers.TopPLogitsWarper(p)(torch.zeros(len(logits), 1, dtype=torch.long), logits.clone())
+    kept, ref_kept = ~torch.isinf(TopP(p)(logits)), ~torch.isinf(ref)
+    different = (kept != ref_kept).any(-1).nonzero()[:, 0].tolist()
+    assert different == [], f"rows {different} keep other tokens than transformers' TopPLogitsWarper"
+    assert kept.sum(-1).min() >= 1
+
+
+def test_the_nucleus_rows_include_rows_a_descending_cumsum_gets_wrong():
+    """The data of the comparison above are sensitive: the descending float32 rule differs there."""
+    transformers = pytest.importorskip("transformers")
+    logits = _nucleus_rows()
+    ref = transformers.TopPLogitsWarper(0.99)(torch.zeros(len(logits), 1, dtype=torch.long), logits.clone())
+    assert (_descending_top_p(logits, 0.99) != torch.isinf(ref)).any(-1).sum() > 0
+
+
+@pytest.mark.parametrize("keep", [1, 3, 50])
+def test_top_p_min_tokens_to_keep_matches_transformers(keep):
+    transformers = pytest.importorskip("transformers")
+    logits = torch.randn(16, 1000, generator=torch.Generator().manual_seed(keep)) * 6
+    ref = transformers.TopPLogitsWarper(0.3, min_tokens_to_keep=keep)(torch.zeros(16, 1, dtype=torch.long), logits.clone())
+    out = TopP(0.3, min_tokens_to_keep=keep)(logits)
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+    assert ((~torch.isinf(out)).sum(-1) >= keep).all()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert torch.isinf(TopP(0.75)(probs.log())).tolist() == [[False, False, True, True]]  # 0.5 + 0.3 reaches 0.75
+    assert torch.isinf(TopP(0.4)(probs.log())).tolist() == [[False, True, True, True]]  # the top token alone
+    assert torch.isinf(TopP(0.01)(probs.log())).tolist() == [[False, True, True, True]]  # the top token always stays
