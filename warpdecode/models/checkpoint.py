@@ -17,19 +17,28 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from warpdecode.errors import CheckpointError
+from warpdecode.errors import CheckpointError, ConfigError
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf import read_gguf
-from warpdecode.models.importers.hf import config_from_hf, config_to_hf, state_dict_from_hf, state_dict_to_hf
+from warpdecode.models.importers.hf import (
+    config_from_hf,
+    config_to_hf,
+    one_line,
+    shape_mismatch,
+    state_dict_from_hf,
+    state_dict_to_hf,
+)
 from warpdecode.models.named import NAMED_MODELS, named_model_gguf
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
 
 WEIGHTS_FILE = "model.safetensors"
+MAX_CONFIG_BYTES = 16 << 20
+"""A config.json is a few kilobytes; a larger one is not read whole into memory."""
 
 
 def cache_dir() -> Path:
@@ -123,22 +132,44 @@ def read_config(source: str | Path) -> ModelConfig:
     if not config_path.is_file():
         raise CheckpointError(f"no config.json in {directory}")
     try:
-        return config_from_hf(json.loads(config_path.read_text()))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"corrupt {config_path}: {e}") from e
+        if config_path.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"corrupt {config_path}: {config_path.stat().st_size} bytes is no model config")
+        data = json.loads(config_path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"corrupt {config_path}: {one_line(e)}") from e
+    try:
+        return config_from_hf(data)
+    except ConfigError as e:
+        raise CheckpointError(f"invalid {config_path}: {e}") from e
 
 
-def _read_hf_dir(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+def _read_hf_dir(directory: Path, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """The config and weights of a Hugging Face directory. The weights' shapes (read from the
+    safetensors headers, no data) are checked against the config before any tensor is loaded."""
     config = read_config(directory)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no .safetensors weights in {directory}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})  # noqa: SIM118
+        except Exception as e:  # SafetensorError, OSError, or whatever else a corrupt header provokes
+            raise CheckpointError(f"corrupt weights file {file}: {one_line(e)}") from e
+    problem = shape_mismatch(config, shapes)
+    if problem is not None:
+        raise CheckpointError(f"weights in {directory} do not match its config.json: {problem}")
+    try:
+        config.check_fits_in_memory(max(dtype.itemsize, 4))
+    except ConfigError as e:
+        raise CheckpointError(f"cannot load {directory}: {e}") from e
     weights: dict[str, Tensor] = {}
     for file in files:
         try:
             weights.update(load_file(str(file)))
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"corrupt weights file {file}: {e}") from e
+        except Exception as e:
+            raise CheckpointError(f"corrupt weights file {file}: {one_line(e)}") from e
     return config, weights
 
 
@@ -147,17 +178,21 @@ def load_pretrained(
 ) -> tuple[Transformer, Tokenizer]:
     """Load a model and its tokenizer from a directory, a `.gguf` file or a registered name."""
     directory = resolve(source)
-    config, hf_weights = _read_hf_dir(directory)
+    config, hf_weights = _read_hf_dir(directory, dtype)
     state = state_dict_from_hf(hf_weights, config)
     with torch.device("meta"):
         model = Transformer(config)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as e:  # shape mismatch between config.json and the weights
-        raise CheckpointError(f"weights in {directory} do not match its config.json: {e}") from e
+        raise CheckpointError(f"weights in {directory} do not match its config.json: {one_line(e)}") from e
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {directory} is incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if config.position == "rope":  # non-persistent buffer, rebuilt off the meta device
         model.inv_freq = rope_inv_freq(config)
+    tokenizer = Tokenizer.load(directory)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"the tokenizer of {directory} has {tokenizer.vocab_size} tokens, more than the "
+                              f"model's vocab_size={config.vocab_size}")
     model = model.to(device=device, dtype=dtype).eval()
-    return model, Tokenizer.load(directory)
+    return model, tokenizer

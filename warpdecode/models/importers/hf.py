@@ -7,6 +7,7 @@ model.safetensors, tokenizer.json), so `transformers` can load it as well.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,20 +19,61 @@ from warpdecode.models.config import ModelConfig
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
 
 
+_MISSING: Any = object()
+
+
+def _int(hf: dict[str, Any], key: str, default: Any = _MISSING) -> Any:
+    """`hf[key]` as an int (or `default` where absent or null); a wrong type names the field."""
+    value = hf.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise KeyError(key)
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"config.json field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _flag(hf: dict[str, Any], key: str, default: bool) -> bool:
+    value = hf.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config.json field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"config.json field {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
 def _eos_list(value: Any) -> list[int]:
     if value is None:
         return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+    ids = value if isinstance(value, list) else [value]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in ids):
+        raise CheckpointError(f"config.json field 'eos_token_id' must be an integer or a list of them, got {value!r}")
+    return list(ids)
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     """Read a Hugging Face `config.json` dict into a `ModelConfig`.
 
     A masked diffusion LM is marked by `is_causal: false` and its `mask_token_id` (LLaDA's names).
+    A field of the wrong type is a `CheckpointError` naming it; sizes the model cannot have (zero,
+    negative, beyond `SIZE_LIMITS`, heads not dividing the width) are the `ConfigError`s of
+    `ModelConfig`.
     """
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"config.json must hold a JSON object, got {type(hf).__name__}")
     config = _architecture_from_hf(hf)
-    config.causal = bool(hf.get("is_causal", True))
-    config.mask_token_id = hf.get("mask_token_id")
+    config.causal = _flag(hf, "is_causal", True)
+    config.mask_token_id = _int(hf, "mask_token_id", None)
+    if config.mask_token_id is not None and not 0 <= config.mask_token_id < config.vocab_size:
+        raise CheckpointError(f"config.json mask_token_id={config.mask_token_id} is not a token id "
+                              f"(vocab_size={config.vocab_size})")
     return config
 
 
@@ -39,48 +81,48 @@ def _architecture_from_hf(hf: dict[str, Any]) -> ModelConfig:
     model_type = hf.get("model_type")
     try:
         if model_type in ("llama", "qwen2", "mistral"):
-            n_head = hf["num_attention_heads"]
+            n_head = _int(hf, "num_attention_heads")
             return ModelConfig(
-                vocab_size=hf["vocab_size"],
-                n_layer=hf["num_hidden_layers"],
+                vocab_size=_int(hf, "vocab_size"),
+                n_layer=_int(hf, "num_hidden_layers"),
                 n_head=n_head,
-                n_kv_head=hf.get("num_key_value_heads") or n_head,
-                d_model=hf["hidden_size"],
-                d_ff=hf["intermediate_size"],
-                head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
-                max_seq_len=hf.get("max_position_embeddings", 2048),
+                n_kv_head=_int(hf, "num_key_value_heads", None) or n_head,
+                d_model=_int(hf, "hidden_size"),
+                d_ff=_int(hf, "intermediate_size"),
+                head_dim=_int(hf, "head_dim", None) or None,
+                max_seq_len=_int(hf, "max_position_embeddings", 2048),
                 norm="rmsnorm",
-                norm_eps=hf.get("rms_norm_eps", 1e-6),
+                norm_eps=_number(hf.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
                 mlp="swiglu",
                 position="rope",
-                rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+                rope_theta=_rope_theta(hf),
                 rope_scaling=_rope_scaling(hf),
-                qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-                out_bias=bool(hf.get("attention_bias", False)),
-                mlp_bias=bool(hf.get("mlp_bias", False)),
-                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                bos_token_id=hf.get("bos_token_id"),
+                qkv_bias=model_type == "qwen2" or _flag(hf, "attention_bias", False),
+                out_bias=_flag(hf, "attention_bias", False),
+                mlp_bias=_flag(hf, "mlp_bias", False),
+                tie_embeddings=_flag(hf, "tie_word_embeddings", False),
+                bos_token_id=_int(hf, "bos_token_id", None),
                 eos_token_ids=_eos_list(hf.get("eos_token_id")),
                 family="qwen2" if model_type == "qwen2" else "llama",
             )
         if model_type == "gpt2":
-            d = hf["n_embd"]
+            d = _int(hf, "n_embd")
             return ModelConfig(
-                vocab_size=hf["vocab_size"],
-                n_layer=hf["n_layer"],
-                n_head=hf["n_head"],
+                vocab_size=_int(hf, "vocab_size"),
+                n_layer=_int(hf, "n_layer"),
+                n_head=_int(hf, "n_head"),
                 d_model=d,
-                d_ff=hf.get("n_inner") or 4 * d,
-                max_seq_len=hf["n_positions"],
+                d_ff=_int(hf, "n_inner", None) or 4 * d,
+                max_seq_len=_int(hf, "n_positions"),
                 norm="layernorm",
-                norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                norm_eps=_number(hf.get("layer_norm_epsilon", 1e-5), "layer_norm_epsilon"),
                 mlp="gelu_tanh",
                 position="learned",
                 qkv_bias=True,
                 out_bias=True,
                 mlp_bias=True,
-                tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-                bos_token_id=hf.get("bos_token_id"),
+                tie_embeddings=_flag(hf, "tie_word_embeddings", True),
+                bos_token_id=_int(hf, "bos_token_id", None),
                 eos_token_ids=_eos_list(hf.get("eos_token_id")),
                 family="gpt2",
             )
@@ -89,14 +131,106 @@ def _architecture_from_hf(hf: dict[str, Any]) -> ModelConfig:
     raise CheckpointError(f"unsupported model_type {model_type!r} (supported: llama, qwen2, mistral, gpt2)")
 
 
+def _rope_theta(hf: dict[str, Any]) -> float:
+    if "rope_theta" in hf:
+        return _number(hf["rope_theta"], "rope_theta")
+    parameters = hf.get("rope_parameters") or {}
+    if not isinstance(parameters, dict):
+        raise CheckpointError(f"config.json field 'rope_parameters' must be an object, got {parameters!r}")
+    return _number(parameters.get("rope_theta", 10000.0), "rope_parameters.rope_theta")
+
+
 def _rope_scaling(hf: dict[str, Any]) -> dict[str, Any] | None:
     scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
     if not scaling:
         return None
+    if not isinstance(scaling, dict):
+        raise CheckpointError(f"config.json field 'rope_scaling' must be an object, got {scaling!r}")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
     return {k: v for k, v in scaling.items() if k != "rope_theta"}
+
+
+_HF_FIELDS = {
+    "llama": {"n_layer": "num_hidden_layers", "d_model": "hidden_size", "d_ff": "intermediate_size",
+              "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads"},
+    "gpt2": {"n_layer": "n_layer", "d_model": "n_embd", "d_ff": "n_inner", "n_head": "n_head",
+             "n_kv_head": "n_head", "max_seq_len": "n_positions"},
+}
+_LAYER_INDEX = re.compile(r"(?:model\.layers|(?:transformer\.)?h)\.(\d+)\.")
+
+
+def shape_mismatch(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """How the sizes in `config` disagree with the Hugging Face-named tensor `shapes` of its checkpoint
+    (the config's field names, both values and the tensor), or None where they agree.
+
+    Checks what makes a model large (vocabulary, width, MLP width, heads, layers, learned positions)
+    from the headers alone, before anything is built: a config claiming a million layers or a 40 GB
+    vocabulary over a small checkpoint is refused here. A config with fewer layers than the weights
+    is left to the load's unexpected-weights check, which names them.
+    """
+    fields = _HF_FIELDS["gpt2" if config.family == "gpt2" else "llama"]
+    layers = {int(m.group(1)) for name in shapes if (m := _LAYER_INDEX.match(name))}
+    if config.n_layer > len(layers):
+        return f"{fields['n_layer']}={config.n_layer} but the weights hold {len(layers)} layers"
+
+    def find(*names: str) -> tuple[str, tuple[int, ...]] | None:
+        for name in names:
+            for candidate in (name, "transformer." + name) if config.family == "gpt2" else (name,):
+                if candidate in shapes:
+                    return candidate, tuple(shapes[candidate])
+        return None
+
+    def differs(field: str, value: int, found: tuple[str, tuple[int, ...]] | None, dim: int) -> str | None:
+        if found is None:
+            return None
+        name, shape = found
+        if len(shape) <= dim or shape[dim] != value:
+            return f"{field}={value} but {name} is {tuple(shape)}"
+        return None
+
+    gpt2 = config.family == "gpt2"
+    C, D = config.d_model, config.head_width
+    embed = find("wte.weight" if gpt2 else "model.embed_tokens.weight")
+    if embed is None:
+        return f"the token embedding {'wte.weight' if gpt2 else 'model.embed_tokens.weight'} is missing"
+    head = find("lm_head.weight")
+    layer = "h.0." if gpt2 else "model.layers.0."
+    checks = [
+        ("vocab_size", config.vocab_size, embed, 0),
+        (fields["d_model"], C, embed, 1),
+        ("vocab_size", config.vocab_size, head, 0),
+        (fields["d_model"], C, head, 1),
+    ]
+    if gpt2:
+        checks += [
+            (fields["d_ff"], config.d_ff, find(layer + "mlp.c_fc.weight"), 1),  # Conv1D: (in, out)
+            (f"3 × n_head × head_dim = 3 × {config.n_head} × {D}", 3 * config.n_head * D,
+             find(layer + "attn.c_attn.weight"), 1),
+            ("n_positions", config.max_seq_len, find("wpe.weight"), 0),
+        ]
+    else:
+        checks += [
+            (fields["d_ff"], config.d_ff, find(layer + "mlp.gate_proj.weight"), 0),
+            (fields["d_ff"], config.d_ff, find(layer + "mlp.up_proj.weight"), 0),
+            (f"{fields['n_head']} × head_dim = {config.n_head} × {D}", config.n_head * D,
+             find(layer + "self_attn.q_proj.weight"), 0),
+            (f"{fields['n_kv_head']} × head_dim = {config.kv_head_count} × {D}", config.kv_head_count * D,
+             find(layer + "self_attn.k_proj.weight"), 0),
+        ]
+    for field, value, found, dim in checks:
+        problem = differs(field, value, found, dim)
+        if problem is not None:
+            return problem
+    return None
+
+
+def one_line(error: BaseException | str, limit: int = 500) -> str:
+    """An exception's message on one line (whitespace runs collapsed), at most `limit` characters:
+    a third-party message can span many lines, and the CLI prints one."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:
