@@ -37,15 +37,19 @@ def main(argv: list[str] | None = None) -> None:
         lightning_main(argv)
         return
 
-    from jsonargparse import CLI, set_parsing_settings
+    from jsonargparse import CLI, ArgumentParser, set_parsing_settings
 
     from warpdecode import commands
-    from warpdecode.errors import WarpdecodeError
+    from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError
+
+    class Parser(OneLineArgumentErrors, ArgumentParser):
+        pass
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     try:
         CLI([commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
-             commands.prompts, commands.self_chat], args=_normalise_flags(argv), as_positional=True)
+             commands.prompts, commands.self_chat], args=_normalise_flags(argv), as_positional=True,
+            parser_class=Parser)
     except WarpdecodeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

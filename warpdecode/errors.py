@@ -3,6 +3,12 @@
 The CLI turns any `WarpdecodeError` into a one-line message and a non-zero exit code.
 """
 
+from __future__ import annotations
+
+import re
+import sys
+from typing import NoReturn
+
 
 class WarpdecodeError(Exception):
     """Base class of every error meant for the user rather than a traceback."""
@@ -22,3 +28,43 @@ class CapabilityError(WarpdecodeError):
 
 class PackageIntegrityError(WarpdecodeError):
     """An exported package failed its hash or version check."""
+
+
+def argument_error_line(message: str) -> str:
+    """One line for a (multi-line) command-line parsing error of jsonargparse's.
+
+    `Parser key "top_k":\\n  Does not validate ...\\n    - Expected a <class 'int'>. Got value: abc ...` becomes
+    `--top_k: expected int, got 'abc'`; anything else has its lines joined.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "invalid arguments"
+    key = re.match(r'Parser key "([^"]+)":?\s*(.*)', lines[0])
+    if key is None:
+        return _clip(" ".join(lines))
+    flag = f"--{key.group(1)}"
+    lines[0] = key.group(2)
+    types = list(dict.fromkeys(t for t in re.findall(r"Expected a <class '([\w.]+)'>", message) if t != "NoneType"))
+    value = re.search(r"(?:Given|Got) value: (.*)", message)
+    if types and value is not None:
+        return _clip(f"{flag}: expected {' or '.join(types)}, got {value.group(1).strip()!r}")
+    return _clip(f"{flag}: " + " ".join(line.removeprefix("- ") for line in lines if line))
+
+
+def _clip(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class OneLineArgumentErrors:
+    """Mixin for jsonargparse parsers (`class P(OneLineArgumentErrors, ArgumentParser)`): a parsing error
+    ends the program with one `error: ...` line and exit status 2 instead of the usage text."""
+
+    exit_on_error: bool
+    prog: str
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # jsonargparse's internal parsers raise, and their caller reports
+            super().error(message, ex)  # type: ignore[misc]
+        command = self.prog.replace(" [options]", "")
+        print(f"error: {argument_error_line(message)} (see `{command} --help`)", file=sys.stderr)
+        sys.exit(2)

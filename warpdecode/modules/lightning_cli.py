@@ -37,7 +37,7 @@ from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.datamodules.trajectories import TrajectoryDataModule
-from warpdecode.errors import WarpdecodeError
+from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError
 from warpdecode.modules.acceptance import AcceptanceHeadModule
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.certainty_forcing import CertaintyForcingLM
@@ -149,6 +149,10 @@ def precision_for_this_machine(precision: object, accelerator: object) -> object
     return precision
 
 
+class OneLineErrorParser(OneLineArgumentErrors, LightningArgumentParser):
+    """LightningCLI's parser, reporting a parsing error in one line (`errors.OneLineArgumentErrors`)."""
+
+
 class WarpdecodeCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -192,6 +196,7 @@ def build_cli(argv: list[str], *, run: bool = True) -> WarpdecodeCLI:
         trainer_defaults={"callbacks": [LogProgress()]} if no_terminal() else None,
         seed_everything_default=DEFAULT_SEED,
         parser_kwargs={"description": __doc__.splitlines()[0]},
+        parser_class=OneLineErrorParser,
     )
 
 
