@@ -21,12 +21,25 @@ def _names(text: str | None) -> list[str]:
     return [item.strip() for item in (text or "").split(",") if item.strip()]
 
 
+MAX_THREADS = 4096
+"""More intra-op threads than this is a typo (torch overflows on larger counts)."""
+
+
 def _check_threads(threads: int | None) -> None:
     """Refuse a `--threads` count below 1 (torch would raise at set_num_threads, or later in a worker)."""
     from warpdecode.errors import ConfigError
 
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be >= 1 (or left out for torch's choice), got {threads}")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be between 1 and {MAX_THREADS} (or left out for torch's choice), got {threads}")
+
+
+def _check_output_directory(out: Path, flag: str) -> None:
+    """Refuse an output directory that is an existing file (or lies under one), before any work is done."""
+    from warpdecode.errors import ConfigError
+
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{flag} {out}: {path} is a file, not a directory")
 
 
 def convert(source: str, out: Path) -> None:
@@ -39,6 +52,7 @@ def convert(source: str, out: Path) -> None:
     """
     from warpdecode.models.checkpoint import convert as run_convert
 
+    _check_output_directory(out, "convert's output")
     path = run_convert(source, out)
     print(f"wrote {path}")
 
@@ -206,7 +220,7 @@ def _load_target(model: str | None, package: Path | None, backend: str, device: 
         if backend not in MODEL_BACKENDS:
             raise ConfigError(f"--backend {backend} runs an exported package: add --package DIR "
                               f"(make one with `warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
-        pretrained, tokenizer = load_pretrained(model or DEFAULT_MODEL, device=torch_device(device))
+        pretrained, tokenizer = load_pretrained(DEFAULT_MODEL if model is None else model, device=torch_device(device))
         target: Backbone = CudaGraphBackbone(pretrained) if backend == CUDA_GRAPHS else pretrained
         return target, tokenizer, {}, "none"
     if model is not None:
@@ -249,10 +263,14 @@ def export(
     """
     import time
 
+    from warpdecode.decoding import registry
     from warpdecode.errors import ConfigError
     from warpdecode.export.package import InferencePackage, export_package
     from warpdecode.models.checkpoint import load_pretrained
 
+    _check_output_directory(out, "export's output")
+    if method is not None:
+        registry.get("drafter", method)  # refused now, not by `generate --package` after a long export
     target, tokenizer = load_pretrained(model)
     generation = {} if method is None else {"method": method}
     start = time.perf_counter()
@@ -539,6 +557,7 @@ def bench(
     from warpdecode.models.checkpoint import read_config
 
     _check_threads(threads)
+    _check_output_directory(out, "--out")
     if package is None and not read_config(model).causal:
         _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
         return

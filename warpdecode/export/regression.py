@@ -45,10 +45,28 @@ class Record:
     def load(cls, path: str | Path) -> Record:
         try:
             data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text
             raise ConfigError(f"cannot read the regression record {path}: {e}") from e
-        if data.pop("format", None) != FORMAT:
+        if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
             raise ConfigError(f"{path} is not a {FORMAT} record (make one with `warpdecode regress --record`)")
+        expected = {"fingerprint": str, "backend": str, "max_new_tokens": int, "prompts": list, "methods": list,
+                    "results": dict}
+        if set(data) != set(expected):
+            raise ConfigError(f"{path}: a {FORMAT} record has the fields {', '.join(expected)}, this one "
+                              f"{', '.join(data) or 'none'}")
+        for name, kind in expected.items():
+            if not isinstance(data[name], kind) or isinstance(data[name], bool):
+                raise ConfigError(f"{path}: field {name} must be a {kind.__name__}, got {data[name]!r:.60}")
+        if not all(isinstance(p, str) or (isinstance(p, list) and all(type(i) is int for i in p)) for p in data["prompts"]):
+            raise ConfigError(f"{path}: field prompts must hold texts or lists of token ids")
+        if not all(isinstance(m, str) for m in data["methods"]):
+            raise ConfigError(f"{path}: field methods must hold method names")
+        for method, runs in data["results"].items():
+            if method not in data["methods"] or not isinstance(runs, list) or len(runs) != len(data["prompts"]) or not all(
+                    isinstance(r, dict) and isinstance(r.get("token_ids"), list)
+                    and isinstance(r.get("tau"), int | float) for r in runs):
+                raise ConfigError(f"{path}: results[{method!r}] must hold one {{token_ids, tau}} per prompt "
+                                  f"for a method of the record")
         return cls(**data)
 
 
