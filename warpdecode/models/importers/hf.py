@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from warpdecode.errors import CheckpointError
+from warpdecode.errors import CheckpointError, ConfigError
 from warpdecode.models.config import ModelConfig
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
@@ -78,6 +78,14 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 
 def _architecture_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    try:
+        return _build_from_hf(hf)
+    except ConfigError as e:  # ModelConfig's own checks: name the fields as config.json does
+        names = _HF_FIELDS["gpt2" if hf.get("model_type") == "gpt2" else "llama"]
+        raise ConfigError(re.sub(r"\b(\w+)\b", lambda m: names.get(m.group(1), m.group(1)), str(e))) from e
+
+
+def _build_from_hf(hf: dict[str, Any]) -> ModelConfig:
     model_type = hf.get("model_type")
     try:
         if model_type in ("llama", "qwen2", "mistral"):
@@ -154,10 +162,12 @@ def _rope_scaling(hf: dict[str, Any]) -> dict[str, Any] | None:
 
 _HF_FIELDS = {
     "llama": {"n_layer": "num_hidden_layers", "d_model": "hidden_size", "d_ff": "intermediate_size",
-              "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads"},
+              "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads",
+              "max_seq_len": "max_position_embeddings", "norm_eps": "rms_norm_eps"},
     "gpt2": {"n_layer": "n_layer", "d_model": "n_embd", "d_ff": "n_inner", "n_head": "n_head",
-             "n_kv_head": "n_head", "max_seq_len": "n_positions"},
+             "n_kv_head": "n_head", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
 }
+"""warpdecode's config field → the config.json key it is read from, per layout."""
 _LAYER_INDEX = re.compile(r"(?:model\.layers|(?:transformer\.)?h)\.(\d+)\.")
 
 
@@ -206,7 +216,7 @@ def shape_mismatch(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]]) -
     if gpt2:
         checks += [
             (fields["d_ff"], config.d_ff, find(layer + "mlp.c_fc.weight"), 1),  # Conv1D: (in, out)
-            (f"3 × n_head × head_dim = 3 × {config.n_head} × {D}", 3 * config.n_head * D,
+            (f"3 × n_head × head_dim (3 × {config.n_head} × {D})", 3 * config.n_head * D,
              find(layer + "attn.c_attn.weight"), 1),
             ("n_positions", config.max_seq_len, find("wpe.weight"), 0),
         ]
@@ -214,9 +224,9 @@ def shape_mismatch(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]]) -
         checks += [
             (fields["d_ff"], config.d_ff, find(layer + "mlp.gate_proj.weight"), 0),
             (fields["d_ff"], config.d_ff, find(layer + "mlp.up_proj.weight"), 0),
-            (f"{fields['n_head']} × head_dim = {config.n_head} × {D}", config.n_head * D,
+            (f"{fields['n_head']} × head_dim ({config.n_head} × {D})", config.n_head * D,
              find(layer + "self_attn.q_proj.weight"), 0),
-            (f"{fields['n_kv_head']} × head_dim = {config.kv_head_count} × {D}", config.kv_head_count * D,
+            (f"{fields['n_kv_head']} × head_dim ({config.kv_head_count} × {D})", config.kv_head_count * D,
              find(layer + "self_attn.k_proj.weight"), 0),
         ]
     for field, value, found, dim in checks:
