@@ -35,9 +35,10 @@ ALPHABET = "abcdefghij "
 
 
 @contextmanager
-def cheap(seconds: float = 5.0, megabytes: int = 100) -> Iterator[None]:
-    """The block ends within `seconds` and allocates under `megabytes` (Python heap peak, and the
-    process's peak resident size does not grow by more)."""
+def cheap(seconds: float = 5.0, megabytes: int = 100, resident_megabytes: int = 1024) -> Iterator[None]:
+    """The block ends within `seconds`, its Python heap peak stays under `megabytes` and the process's
+    peak resident size grows by less than `resident_megabytes` (first-time imports and torch's own
+    start-up take some; the allocations this guards against take gigabytes)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     tracemalloc.start()
     start = time.monotonic()
@@ -50,7 +51,7 @@ def cheap(seconds: float = 5.0, megabytes: int = 100) -> Iterator[None]:
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
         assert elapsed < seconds, f"took {elapsed:.1f} s"
         assert peak < megabytes << 20, f"allocated {peak >> 20} MiB"
-        assert grown < megabytes << 10, f"resident size grew by {grown >> 10} MiB"
+        assert grown < resident_megabytes << 10, f"resident size grew by {grown >> 10} MiB"
 
 
 # --- a tiny checkpoint to break ---------------------------------------------------------------------------
@@ -293,6 +294,7 @@ def render(template: str) -> str:
         ("{{ raise_exception('no system messages') }}", "no system messages"),
         ("{{ ''.__class__.__mro__ }}", "unsafe"),
         ("{{ messages.append(1) }}", "unsafe"),
+        ("{{ 1 }}" * 200_000, "its source is 1400000 characters long"),
     ],
 )
 def test_bad_chat_template_is_one_line(template: str, message: str) -> None:

@@ -161,7 +161,7 @@ def _read_hf_dir(directory: Path, dtype: torch.dtype = torch.float32) -> tuple[M
     if problem is not None:
         raise CheckpointError(f"weights in {directory} do not match its config.json: {problem}")
     try:
-        config.check_fits_in_memory(max(dtype.itemsize, 4))
+        config.check_fits_in_memory(dtype.itemsize)
     except ConfigError as e:
         raise CheckpointError(f"cannot load {directory}: {e}") from e
     weights: dict[str, Tensor] = {}

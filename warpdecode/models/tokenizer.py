@@ -143,6 +143,8 @@ class Tokenizer:
         """
         if self.chat_template is None:
             raise ConfigError("this tokenizer has no chat template; pass a plain prompt instead")
+        if len(self.chat_template) > TEMPLATE_MIN_CHARS:  # compiling is not interruptible: refuse absurd sources
+            raise ConfigError(f"chat template failed: its source is {len(self.chat_template)} characters long")
         max_chars = max(TEMPLATE_MIN_CHARS, 4 * len(json.dumps(messages, default=str)))
         env = _LimitedSandbox(max_chars, TEMPLATE_SECONDS, TEMPLATE_STEPS)
 

@@ -224,7 +224,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if torch.empty(0).device.type != "meta":  # a meta build allocates nothing (checkpoint loading)
+        if torch.get_default_device().type != "meta":  # a meta build allocates nothing (checkpoint loading)
             config.check_fits_in_memory(torch.get_default_dtype().itemsize)
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)

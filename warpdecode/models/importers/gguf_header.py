@@ -132,7 +132,7 @@ def read_gguf_header(path: Path) -> GgufHeader:
                 return _parse(_Reader(data, size))
     except _Malformed as e:
         raise CheckpointError(f"cannot read GGUF checkpoint {path}: {e}") from e
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, struct.error) as e:
         raise CheckpointError(f"cannot read GGUF checkpoint {path}: {e}") from e
 
 
