@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
              commands.prompts, commands.self_chat], args=_normalise_flags(argv), as_positional=True,
             parser_class=Parser)
     except WarpdecodeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever the message holds
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

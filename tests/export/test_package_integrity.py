@@ -269,3 +269,15 @@ def test_drafter_graphs_stay_inside_their_directory(drafter, tmp_path):
     point_external_data(graph, "../../weights.data")
     with pytest.raises(CheckpointError, match="names external data '../../weights.data' outside its drafter package"):
         OnnxHeads.find(drafter, net)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "d_model"])
+def test_a_config_that_is_not_the_weights_own_is_refused_before_any_buffer_is_sized(copy, field):
+    """The logits and cache buffers are sized from target.config: a config larger than the weights is refused on
+    every backend, not allocated."""
+    edit(copy, lambda m: m["target"]["config"].update({field: m["target"]["config"][field] * 64}))
+    package = InferencePackage.load(copy)
+    for backend in ("onnxruntime", "torch"):
+        with pytest.raises(PackageIntegrityError, match="target.config") as caught:
+            package.backbone(backend)
+        assert "\n" not in str(caught.value)

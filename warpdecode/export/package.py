@@ -467,6 +467,11 @@ class InferencePackage:
         config = self.config
         names = [WEIGHT_PREFIX + "embed.weight"] + ([] if config.tie_embeddings else [WEIGHT_PREFIX + "lm_head.weight"])
         weights = read_weights(self.graph, names, self.weight_aliases)
+        for weight in names:  # the logits buffers are sized from the config: it must be the weights' own
+            shape, expected = list(weights[weight].shape), [config.vocab_size, config.d_model]
+            if shape != expected:
+                raise PackageIntegrityError(f"{self.directory}: {weight.removeprefix(WEIGHT_PREFIX)} in {self.graph.name} "
+                                            f"has shape {shape}, target.config says {expected} (vocab_size, d_model)")
         embeds_graphs = manifest.get("embeds_graphs", {})
 
         def session(name: str, label: str) -> OnnxRuntimeBackbone:
@@ -497,7 +502,12 @@ class InferencePackage:
             model = Transformer(config)
         keys = [k for k in model.state_dict()]
         weights = read_weights(self.graph, [WEIGHT_PREFIX + k for k in keys], self.weight_aliases)
-        model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
+        try:
+            model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
+        except RuntimeError as e:  # shapes that are not target.config's
+            detail = " ".join(str(e).split())
+            raise PackageIntegrityError(f"{self.directory}: the weights in {self.graph.name} do not fit target.config: "
+                                        f"{detail[:300]}") from e
         if config.position == "rope":
             model.inv_freq = rope_inv_freq(config)
         model.eval()

@@ -233,7 +233,7 @@ def main(argv: list[str]) -> None:
         cause = user_error(e)
         if cause is None:
             raise
-        print(f"error: {cause}", file=sys.stderr)
+        print(f"error: {' '.join(str(cause).split())}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
