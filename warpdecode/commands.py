@@ -274,15 +274,18 @@ def export(
     target, tokenizer = load_pretrained(model)
     generation = {} if method is None else {"method": method}
     start = time.perf_counter()
-    print(f"exporting {model} ({sum(p.numel() for p in target.parameters()) / 1e6:.0f}M parameters) to {out} ...",
-          file=sys.stderr)
     try:
         layers = None if hidden_layers is None else tuple(int(x) for x in hidden_layers.split(","))
     except ValueError as e:
         raise ConfigError(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from e
+
+    def started() -> None:
+        print(f"exporting {model} ({sum(p.numel() for p in target.parameters()) / 1e6:.0f}M parameters) to {out} ...",
+              file=sys.stderr)
+
     path = export_package(target, tokenizer, out, source=model, hidden_layers=layers, generation=generation,
                           drafters=[Path(d) for d in _names(drafters)],
-                          quantize=_names(quantize))
+                          quantize=_names(quantize), on_start=started)
     manifest = InferencePackage.load(path).manifest
     size = sum(f["bytes"] for f in manifest["files"].values())
     print(f"wrote {path} ({size / 2**20:.0f} MiB, {len(manifest['files'])} files, opset {manifest['backbone']['opset']}, "

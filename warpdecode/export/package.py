@@ -34,7 +34,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from warpdecode.export.fused_graph import FUSED_GRAPH, fused_graph_supported, wr
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
+from warpdecode.export.step_graph import check_hidden_layers
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.drafter_package import META_FILE, WEIGHTS_FILE, DrafterPackage
@@ -109,6 +110,7 @@ def export_package(
     drafters: Sequence[str | Path] = (),
     generation: dict[str, Any] | None = None,
     quantize: Sequence[str] = (),
+    on_start: Callable[[], None] | None = None,
 ) -> Path:
     """Write an inference package for `model` to `out` (atomically: a half-written package never appears).
 
@@ -121,6 +123,7 @@ def export_package(
         quantize: also write quantised graphs (`onnx_graph.QUANTIZATIONS`: int8, int4; backends
             `onnxruntime-int8` / `-int4`, lossy) and record each one's accuracy against the
             full-precision graph (`export.accuracy`).
+        on_start: called once the arguments are checked, as the export starts (a progress line).
     """
     from warpdecode.models.checkpoint import atomic_directory
 
@@ -143,6 +146,9 @@ def export_package(
     if not read <= set(layers):
         raise ConfigError(f"the drafters read hidden states {sorted(read)}; export them "
                           f"(hidden layers {list(layers)} were asked for)")
+    check_hidden_layers(model.config, layers)
+    if on_start is not None:
+        on_start()
     start = time.perf_counter()
     with atomic_directory(out) as tmp:
         graph, aliases = export_step_graph(model, tmp / GRAPH, layers)

@@ -27,15 +27,21 @@ import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import Block, Transformer, rotate_half
+
+
+def check_hidden_layers(config: ModelConfig, hidden_layers: tuple[int, ...]) -> None:
+    """Refuse hidden states the model does not have (0 is the embeddings, n_layer the final block's output)."""
+    if not set(hidden_layers) <= set(range(config.n_layer + 1)):
+        raise ConfigError(f"hidden layers {list(hidden_layers)} out of range 0..{config.n_layer}")
 
 
 class StepGraph(nn.Module):
     def __init__(self, model: Transformer, hidden_layers: tuple[int, ...]) -> None:
         super().__init__()
         config = model.config
-        if not set(hidden_layers) <= set(range(config.n_layer + 1)):
-            raise ConfigError(f"hidden layers {list(hidden_layers)} out of range 0..{config.n_layer}")
+        check_hidden_layers(config, hidden_layers)
         self.model = model
         self.hidden_layers = tuple(sorted(set(hidden_layers)))
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_head_count, config.head_width

@@ -1,0 +1,451 @@
+"""Fuzzing the CLI: malformed flag values and malformed files of every kind warpdecode reads.
+
+Every case must end like a tool a user can trust: either it works (status 0), or it stops with status 2
+and exactly one `error: ...` line on stderr; never a traceback, a hang or a huge allocation. Cases whose
+input is plainly wrong must be refused (status 2). The flag cases are derived from the commands'
+signatures (a new flag is fuzzed by type without being listed here); the file cases corrupt a copy of a
+valid model directory, inference package, drafter package, GGUF file or training recipe.
+
+All cases run in one worker process (tests/cli_fuzz_worker.py): one interpreter start, a per-case alarm,
+and a cap on the data segment so an allocation bomb fails instead of exhausting the machine.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_models import eagle_package, save_tiny_model
+
+from warpdecode import commands
+from warpdecode.models.named import DEFAULT_MODEL, named_model_gguf
+
+pytestmark = pytest.mark.slow
+
+CASE_SECONDS = 30
+PEAK_MIB = 3072
+WORKER = Path(__file__).with_name("cli_fuzz_worker.py")
+
+# --- flag values, by the parameter's type --------------------------------------------------------------
+
+COMMANDS: dict[str, tuple[Callable[..., Any], list[str], bool]] = {
+    # command → (function, a valid invocation that ends fast, whether any value may run it to the end)
+    "generate": (commands.generate, ["generate", "--model", "{model}", "--prompt", "hello", "--max_new_tokens", "4",
+                                     "--threads", "1"], True),
+    "convert": (commands.convert, ["convert", "{model}", "{out}/converted"], True),
+    "methods": (commands.methods, ["methods"], True),
+    "export": (commands.export, ["export", "{out}/package", "--model", "{model}"], False),
+    "bench": (commands.bench, ["bench", "--model", "{model}", "--limit", "1", "--categories", "qa", "--max_new_tokens", "4",
+                               "--peers", "none", "--methods", "none", "--threads", "1", "--out", "{out}/bench"], False),
+    "regress": (commands.regress, ["regress", "{package}", "--record", "{out}/record.json", "--max_new_tokens", "4"], False),
+    "prompts": (commands.prompts, ["prompts", "{out}/prompts.jsonl", "--max_prompts", "4"], False),
+    "self_chat": (commands.self_chat, ["self_chat", "{out}/chat.jsonl", "--model", "{model}", "--num_prompts", "2",
+                                       "--max_new_tokens", "4", "--batch_size", "2"], False),
+}
+
+WRONG_TYPE: dict[type, tuple[str, ...]] = {int: ("abc", "1.5", ""), float: ("abc", "nan", "1e999x"), bool: ("maybe",),
+                                          dict: ("{", "[1, 2]", "7")}
+"""Values that are never valid for a flag of the type: the command must refuse them."""
+ODD: dict[type, tuple[str, ...]] = {int: ("-1", "0", "99999999999999999999"), float: ("-1", "0", "inf", "1e308"),
+                                    str: ("", "/nonexistent/x", "a" * 300)}
+"""Values a flag of the type may or may not take: the command works or refuses them in one line, in bounded time."""
+
+
+def _base_type(hint: Any) -> type | None:
+    """int for `int`, `int | None`; dict for `dict[str, Any] | None`; None for what is not fuzzed by type."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds = {typing.get_origin(a) or a for a in args if a is not type(None)}
+    for kind in (bool, int, float, dict, str):
+        if kind in kinds:
+            return kind
+    return None
+
+
+def flag_cases() -> list[tuple[str, list[str], str]]:
+    cases = []
+    for name, (function, base, quick) in COMMANDS.items():
+        hints = typing.get_type_hints(function)
+        for param in inspect.signature(function).parameters.values():
+            if param.kind is not inspect.Parameter.KEYWORD_ONLY:
+                continue
+            kind = _base_type(hints[param.name])
+            flag = f"--{param.name}"
+            stripped = _without_flag(base, flag)
+            for value in WRONG_TYPE.get(kind, ()) if kind else ():
+                cases.append((f"{name}{flag}={value!r}", [*stripped, flag, value], "error"))
+            if quick and kind is not None and not (param.name == "model" or param.name == "package"):
+                for value in ODD.get(kind, ()):
+                    cases.append((f"{name}{flag}={value[:20]!r}", [*stripped, flag, value], "clean"))
+    return cases
+
+
+def _without_flag(argv: list[str], flag: str) -> list[str]:
+    if flag not in argv:
+        return list(argv)
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2:]
+
+
+SEMANTIC: list[tuple[str, list[str]]] = [
+    # values of the right type that are still wrong: each must be refused with one line
+    ("generate-threads-0", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "0"]),
+    ("generate-threads-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "-3"]),
+    ("generate-max-new-tokens-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--max_new_tokens", "-1"]),
+    ("generate-temperature-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "-1"]),
+    ("generate-temperature-inf", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "inf"]),
+    ("generate-top-p-above-1", ["generate", "--model", "{model}", "--prompt", "hi", "--top_p", "1.5"]),
+    ("generate-top-k-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--top_k", "-1"]),
+    ("generate-min-p-above-1", ["generate", "--model", "{model}", "--prompt", "hi", "--min_p", "1.5"]),
+    ("generate-repetition-penalty-0", ["generate", "--model", "{model}", "--prompt", "hi", "--repetition_penalty", "0"]),
+    ("generate-backend", ["generate", "--model", "{model}", "--prompt", "hi", "--backend", "bogus"]),
+    ("generate-device", ["generate", "--model", "{model}", "--prompt", "hi", "--device", "bogus"]),
+    ("generate-device-gpu-index", ["generate", "--model", "{model}", "--prompt", "hi", "--device", "cuda:99"]),
+    ("generate-method", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "bogus"]),
+    ("generate-method-spec", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup:max_ngram=abc"]),
+    ("generate-method-option-type", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
+                                     "--method_options", '{"max_ngram": "abc"}']),
+    ("generate-method-option-name", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
+                                     "--method_options", '{"bogus": 1}']),
+    ("generate-verifier", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
+                           "--verifier", "bogus"]),
+    ("generate-controller", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
+                             "--controller", "bogus"]),
+    ("generate-package-is-a-model", ["generate", "--package", "{model}", "--prompt", "hi"]),
+    ("generate-model-and-package", ["generate", "--model", "{model}", "--package", "{package}", "--prompt", "hi"]),
+    ("generate-model-missing", ["generate", "--model", "/nonexistent/model", "--prompt", "hi"]),
+    ("generate-model-empty-name", ["generate", "--model", "", "--prompt", "hi"]),
+    ("generate-model-garbage-file", ["generate", "--model", "{garbage}", "--prompt", "hi"]),
+    ("generate-model-empty-dir", ["generate", "--model", "{empty_dir}", "--prompt", "hi"]),
+    ("generate-prompt-beyond-context", ["generate", "--model", "{model}", "--prompt", "hello world " * 400]),
+    ("generate-no-prompt", ["generate", "--model", "{model}"]),
+    ("generate-unknown-flag", ["generate", "--model", "{model}", "--prompt", "hi", "--bogus", "1"]),
+    ("unknown-command", ["bogus"]),
+    ("bench-backends", ["bench", "--model", "{model}", "--backends", "bogus", "--out", "{out}/b"]),
+    ("bench-methods", ["bench", "--model", "{model}", "--methods", "bogus", "--out", "{out}/b"]),
+    ("bench-prompts", ["bench", "--model", "{model}", "--prompts", "bogus", "--out", "{out}/b"]),
+    ("bench-prompts-garbage-file", ["bench", "--model", "{model}", "--prompts", "{garbage}", "--out", "{out}/b"]),
+    ("bench-categories", ["bench", "--model", "{model}", "--categories", "bogus", "--out", "{out}/b"]),
+    ("bench-peers", ["bench", "--model", "{model}", "--peers", "bogus", "--out", "{out}/b"]),
+    ("bench-limit-negative", ["bench", "--model", "{model}", "--limit", "-1", "--out", "{out}/b"]),
+    ("bench-threads-0", ["bench", "--model", "{model}", "--threads", "0", "--out", "{out}/b"]),
+    ("bench-out-is-a-file", ["bench", "--model", "{model}", "--limit", "1", "--categories", "qa", "--max_new_tokens", "2",
+                             "--peers", "none", "--methods", "none", "--out", "{garbage}"]),
+    ("regress-package-missing", ["regress", "/nonexistent/package", "--record", "{out}/r.json"]),
+    ("regress-check-garbage", ["regress", "{package}", "--check", "{garbage}"]),
+    ("regress-check-missing", ["regress", "{package}", "--check", "/nonexistent/record.json"]),
+    ("regress-backend", ["regress", "{package}", "--record", "{out}/r.json", "--backend", "bogus"]),
+    ("regress-methods", ["regress", "{package}", "--record", "{out}/r.json", "--methods", "bogus"]),
+    ("regress-neither", ["regress", "{package}"]),
+    ("prompts-sources", ["prompts", "{out}/p.jsonl", "--sources", "bogus"]),
+    ("prompts-weights-source", ["prompts", "{out}/p.jsonl", "--weights", '{"bogus": 1}']),
+    ("prompts-weights-value", ["prompts", "{out}/p.jsonl", "--weights", '{"stdlib_docstrings": "abc"}']),
+    ("prompts-max-prompts-negative", ["prompts", "{out}/p.jsonl", "--max_prompts", "-1"]),
+    ("self-chat-model-missing", ["self_chat", "{out}/s.jsonl", "--model", "/nonexistent/model"]),
+    ("self-chat-num-prompts-0", ["self_chat", "{out}/s.jsonl", "--model", "{model}", "--num_prompts", "0"]),
+    ("self-chat-batch-size-0", ["self_chat", "{out}/s.jsonl", "--model", "{model}", "--batch_size", "0"]),
+    ("self-chat-temperature-negative", ["self_chat", "{out}/s.jsonl", "--model", "{model}", "--temperature", "-1"]),
+    ("self-chat-top-p-0", ["self_chat", "{out}/s.jsonl", "--model", "{model}", "--top_p", "0"]),
+    ("self-chat-threads-0", ["self_chat", "{out}/s.jsonl", "--model", "{model}", "--threads", "0"]),
+    ("convert-source-missing", ["convert", "/nonexistent/model", "{out}/c"]),
+    ("convert-source-garbage", ["convert", "{garbage}", "{out}/c"]),
+    ("convert-out-is-a-file", ["convert", "{model}", "{garbage}"]),
+    ("export-model-missing", ["export", "{out}/p", "--model", "/nonexistent/model"]),
+    ("export-drafters-missing", ["export", "{out}/p", "--model", "{model}", "--drafters", "/nonexistent/drafter"]),
+    ("export-hidden-layers-text", ["export", "{out}/p", "--model", "{model}", "--hidden_layers", "abc"]),
+    ("export-hidden-layers-range", ["export", "{out}/p", "--model", "{model}", "--hidden_layers", "99"]),
+    ("export-quantize", ["export", "{out}/p", "--model", "{model}", "--quantize", "bogus"]),
+    ("export-method", ["export", "{out}/p", "--model", "{model}", "--method", "bogus"]),
+    ("fit-config-missing", ["fit", "--config", "/nonexistent/recipe.yaml"]),
+]
+
+# --- malformed files ------------------------------------------------------------------------------------
+
+Mutation = Callable[[Path], None]
+
+
+def _write(name: str, data: str | bytes) -> Mutation:
+    def mutate(directory: Path) -> None:
+        path = directory / name
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return mutate
+
+
+def _json_edit(name: str, edit: Callable[[Any], Any]) -> Mutation:
+    def mutate(directory: Path) -> None:
+        path = directory / name
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return mutate
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda d: {**d, key: value}
+
+
+def _truncate(name: str, keep: float) -> Mutation:
+    def mutate(directory: Path) -> None:
+        path = directory / name
+        data = path.read_bytes()
+        path.write_bytes(data[:int(len(data) * keep)])
+    return mutate
+
+
+def _safetensors_header(header: dict[str, Any], size: int | None = None) -> bytes:
+    raw = json.dumps(header).encode()
+    return (len(raw) if size is None else size).to_bytes(8, "little") + raw
+
+
+def _manifest_files(edit: Callable[[dict[str, Any]], None]) -> Mutation:
+    def apply(manifest: dict[str, Any]) -> dict[str, Any]:
+        edit(manifest)
+        return manifest
+    return _json_edit("manifest.json", apply)
+
+
+def _symlink_out(name: str) -> Mutation:
+    """Replace a listed file by a symlink to a copy outside the package (same bytes: its hash still matches)."""
+    def mutate(directory: Path) -> None:
+        path = directory / name
+        outside = directory.parent / f"outside-{directory.name}-{path.name}"
+        shutil.copyfile(path, outside)
+        path.unlink()
+        path.symlink_to(outside)
+    return mutate
+
+
+def _unlisted_fused_graph(directory: Path) -> None:
+    """Point the manifest's fused graph at a file the manifest does not list."""
+    shutil.copyfile(directory / "backbone.fused.onnx", directory / "other.onnx")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["backbone"]["fused_graph"] = "other.onnx"
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+LOOP_TEMPLATE = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+HUGE_TEMPLATE = "{{ 'x' * 3000000000 }}"
+
+MODEL_FILES: list[tuple[str, Mutation]] = [
+    ("config-empty", _write("config.json", "")),
+    ("config-garbage", _write("config.json", "{not json")),
+    ("config-list", _write("config.json", "[]")),
+    ("config-object-empty", _write("config.json", "{}")),
+    ("config-vocab-40gb-logits", _json_edit("config.json", _set("vocab_size", 10_000_000_000))),
+    ("config-million-layers", _json_edit("config.json", _set("num_hidden_layers", 1_000_000))),
+    ("config-layers-text", _json_edit("config.json", _set("num_hidden_layers", "two"))),
+    ("config-hidden-negative", _json_edit("config.json", _set("hidden_size", -32))),
+    ("config-heads-zero", _json_edit("config.json", _set("num_attention_heads", 0))),
+    ("config-heads-not-dividing", _json_edit("config.json", _set("num_attention_heads", 3))),
+    ("config-context-huge", _json_edit("config.json", _set("max_position_embeddings", 10**12))),
+    ("config-eos-text", _json_edit("config.json", _set("eos_token_id", "end"))),
+    ("safetensors-empty", _write("model.safetensors", b"")),
+    ("safetensors-truncated", _truncate("model.safetensors", 0.5)),
+    ("safetensors-garbage", _write("model.safetensors", os.urandom(4096))),
+    ("safetensors-header-size-huge", _write("model.safetensors", _safetensors_header({}, size=1 << 62))),
+    ("safetensors-header-not-json", _write("model.safetensors", (16).to_bytes(8, "little") + b"\xff" * 16)),
+    ("safetensors-offsets-beyond-file", _write("model.safetensors", _safetensors_header(
+        {"model.embed_tokens.weight": {"dtype": "F32", "shape": [300, 32], "data_offsets": [0, 38400]}}))),
+    ("safetensors-wrong-shapes", _write("model.safetensors", _safetensors_header(
+        {"model.embed_tokens.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}) + b"\0" * 16)),
+    ("tokenizer-empty", _write("tokenizer.json", "")),
+    ("tokenizer-garbage", _write("tokenizer.json", "{not json")),
+    ("tokenizer-list", _write("tokenizer.json", "[]")),
+    ("tokenizer-wrong-model", _write("tokenizer.json", '{"model": {"type": "Bogus"}}')),
+    ("tokenizer-config-garbage", _write("tokenizer_config.json", "{not json")),
+    ("tokenizer-config-list", _write("tokenizer_config.json", "[]")),
+    ("chat-template-syntax", _json_edit("tokenizer_config.json", _set("chat_template", "{% for %}"))),
+    ("chat-template-loop", _json_edit("tokenizer_config.json", _set("chat_template", LOOP_TEMPLATE))),
+    ("chat-template-huge-output", _json_edit("tokenizer_config.json", _set("chat_template", HUGE_TEMPLATE))),
+    ("chat-template-attribute", _json_edit("tokenizer_config.json",
+                                           _set("chat_template", "{{ messages.__class__.__mro__ }}"))),
+    ("chat-template-not-text", _json_edit("tokenizer_config.json", _set("chat_template", 7))),
+]
+
+PACKAGE_FILES: list[tuple[str, Mutation]] = [
+    ("manifest-empty", _write("manifest.json", "")),
+    ("manifest-garbage", _write("manifest.json", "{not json")),
+    ("manifest-list", _write("manifest.json", "[]")),
+    ("manifest-format", _json_edit("manifest.json", _set("format", "other"))),
+    ("manifest-version-future", _json_edit("manifest.json", _set("format_version", 99))),
+    ("manifest-version-text", _json_edit("manifest.json", _set("format_version", "1"))),
+    ("manifest-no-files", _json_edit("manifest.json", lambda m: {k: v for k, v in m.items() if k != "files"})),
+    ("manifest-files-list", _json_edit("manifest.json", _set("files", []))),
+    ("manifest-entry-parent", _manifest_files(lambda m: m["files"].update({"../x": {"sha256": "0" * 64, "bytes": 1}}))),
+    ("manifest-entry-absolute", _manifest_files(lambda m: m["files"].update({"/etc/hostname": {"sha256": "0" * 64,
+                                                                                                "bytes": 1}}))),
+    ("manifest-entry-string", _manifest_files(lambda m: m["files"].update({"backbone.onnx": "deadbeef"}))),
+    ("manifest-entry-no-sha256", _manifest_files(lambda m: m["files"]["backbone.onnx"].pop("sha256"))),
+    ("manifest-entry-bytes-text", _manifest_files(lambda m: m["files"]["backbone.onnx"].update({"bytes": "many"}))),
+    ("manifest-target-missing", _json_edit("manifest.json", lambda m: {k: v for k, v in m.items() if k != "target"})),
+    ("manifest-config-text", _manifest_files(lambda m: m["target"].update({"config": "llama"}))),
+    ("manifest-config-vocab-huge", _manifest_files(lambda m: m["target"]["config"].update({"vocab_size": 10**10}))),
+    ("manifest-hidden-layers-text", _manifest_files(lambda m: m["backbone"].update({"hidden_layers": "last"}))),
+    ("manifest-fused-graph-missing", _manifest_files(lambda m: m["backbone"].update({"fused_graph": "nope.onnx"}))),
+    ("manifest-fused-graph-outside", _manifest_files(lambda m: m["backbone"].update({"fused_graph": "../x.onnx"}))),
+    ("manifest-fused-graph-unlisted", _unlisted_fused_graph),
+    ("manifest-drafter-outside", _manifest_files(lambda m: m.update({"drafters": {"eagle": "../../"}}))),
+    ("package-graph-symlink-out", _symlink_out("backbone.onnx.data")),
+    ("package-tokenizer-symlink-out", _symlink_out("tokenizer.json")),
+]
+
+DRAFTER_FILES: list[tuple[str, Mutation]] = [
+    ("drafter-json-empty", _write("drafter.json", "")),
+    ("drafter-json-garbage", _write("drafter.json", "{not json")),
+    ("drafter-json-list", _write("drafter.json", "[]")),
+    ("drafter-json-object-empty", _write("drafter.json", "{}")),
+    ("drafter-json-kind", _json_edit("drafter.json", _set("kind", "bogus"))),
+    ("drafter-json-config-text", _json_edit("drafter.json", _set("config", "eagle"))),
+    ("drafter-json-tree-text", _json_edit("drafter.json", _set("tree", "wide"))),
+    ("drafter-json-target-other", _json_edit("drafter.json", lambda d: {**d, "target": {**d["target"],
+                                                                                          "fingerprint": "0" * 16}})),
+    ("drafter-weights-garbage", _write("drafter.safetensors", os.urandom(2048))),
+    ("drafter-weights-truncated", _truncate("drafter.safetensors", 0.5)),
+]
+
+GGUF_HEADER = b"GGUF" + (3).to_bytes(4, "little")
+GGUF_ARGV = ["generate", "--model", "{case_dir}/model.gguf", "--prompt", "hi"]
+RECIPE_ARGV = ["fit", "--config", "{case_dir}/recipe.yaml", "--trainer.logger", "false"]
+RECORD_ARGV = ["regress", "{package}", "--check", "{case_dir}/record.json"]
+
+STANDALONE_FILES: list[tuple[str, str, bytes | None, list[str]]] = [
+    # (case, file written into the case's directory, its bytes, the command that reads it)
+    ("gguf-empty", "model.gguf", b"", GGUF_ARGV),
+    ("gguf-bad-magic", "model.gguf", b"NOPE" + b"\0" * 60, GGUF_ARGV),
+    ("gguf-truncated-header", "model.gguf", None, GGUF_ARGV),  # the default model's first 64 KiB
+    ("gguf-huge-counts", "model.gguf", GGUF_HEADER + (1 << 60).to_bytes(8, "little") * 2, GGUF_ARGV),
+    ("gguf-huge-string", "model.gguf", GGUF_HEADER + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+     + (1 << 60).to_bytes(8, "little") + b"key", GGUF_ARGV),
+    ("recipe-empty", "recipe.yaml", b"", RECIPE_ARGV),
+    ("recipe-syntax", "recipe.yaml", b"model: [unclosed\n", RECIPE_ARGV),
+    ("recipe-python-tag", "recipe.yaml", b"model: !!python/object/apply:os.system ['echo pwned']\n", RECIPE_ARGV),
+    ("recipe-not-mapping", "recipe.yaml", b"- 1\n- 2\n", RECIPE_ARGV),
+    ("recipe-unknown-key", "recipe.yaml", b"bogus_section: 1\n", RECIPE_ARGV),
+    ("recipe-unknown-class", "recipe.yaml", b"model:\n  class_path: os.system\n", RECIPE_ARGV),
+    ("recipe-wrong-type", "recipe.yaml", b"trainer:\n  max_epochs: many\n", RECIPE_ARGV),
+    ("record-garbage", "record.json", b"\xd2\x00garbage", RECORD_ARGV),
+    ("record-list", "record.json", b"[]", RECORD_ARGV),
+    ("record-fields", "record.json", b'{"format": "warpdecode-regression", "prompts": 5}', RECORD_ARGV),
+    ("record-types", "record.json", json.dumps({"format": "warpdecode-regression", "fingerprint": "x", "backend": "torch",
+                                                "max_new_tokens": "many", "prompts": [], "methods": [],
+                                                "results": {}}).encode(), RECORD_ARGV),
+]
+
+
+def file_cases() -> list[tuple[str, list[str]]]:
+    cases = [(f"model:{name}", ["generate", "--model", "{case_dir}", "--prompt", "hello", "--max_new_tokens", "2",
+                                "--chat", "true" if name.startswith("chat") else "false"]) for name, _ in MODEL_FILES]
+    cases += [(f"package:{name}", ["generate", "--package", "{case_dir}", "--prompt", "hello", "--max_new_tokens", "2"])
+              for name, _ in PACKAGE_FILES]
+    cases += [(f"drafter:{name}", ["generate", "--model", "{model}", "--prompt", "hello", "--max_new_tokens", "2",
+                                   "--method", "eagle", "--method_options", '{"path": "{case_dir}"}'])
+              for name, _ in DRAFTER_FILES]
+    cases += [(f"file:{name}", argv) for name, _, _, argv in STANDALONE_FILES]
+    return cases
+
+
+ALL_CASES: list[tuple[str, list[str], str]] = [
+    *flag_cases(), *((name, argv, "error") for name, argv in SEMANTIC), *((name, argv, "error") for name, argv in file_cases())]
+
+# --- running them ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    from warpdecode.export.package import export_package
+    from warpdecode.models.checkpoint import load_pretrained
+
+    root = tmp_path_factory.mktemp("fuzz")
+    model_dir = save_tiny_model(root / "model")
+    model, tokenizer = load_pretrained(model_dir)
+    package = export_package(model, tokenizer, root / "package", source="tiny")
+    drafter = Path(eagle_package(model, root / "eagle"))
+    garbage = root / "garbage.bin"
+    garbage.write_bytes(os.urandom(1024))
+    (root / "empty").mkdir()
+    fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty"}
+
+    sources: dict[str, tuple[Path, Mutation | None]] = {}
+    for name, mutate in MODEL_FILES:
+        sources[f"model:{name}"] = (model_dir, mutate)
+    for name, mutate in PACKAGE_FILES:
+        sources[f"package:{name}"] = (package, mutate)
+    for name, mutate in DRAFTER_FILES:
+        sources[f"drafter:{name}"] = (drafter, mutate)
+
+    cases = []
+    for i, (case_id, template, _) in enumerate(ALL_CASES):
+        case_dir = root / "cases" / f"{i:03d}"
+        out = root / "out" / f"{i:03d}"
+        out.mkdir(parents=True)
+        if case_id in sources:
+            source, mutate = sources[case_id]
+            shutil.copytree(source, case_dir, symlinks=True)
+            assert mutate is not None
+            mutate(case_dir)
+        elif case_id.startswith("file:"):
+            case_dir.mkdir(parents=True)
+            _, filename, data, _ = next(f for f in STANDALONE_FILES if f"file:{f[0]}" == case_id)
+            if data is None:
+                with named_model_gguf(DEFAULT_MODEL).open("rb") as f:
+                    data = f.read(1 << 16)
+            (case_dir / filename).write_bytes(data)
+        values = {**fixed, "case_dir": case_dir, "out": out}
+        argv = [_fill(arg, values) for arg in template]
+        cases.append({"id": case_id, "argv": argv, "cwd": str(out)})
+
+    (root / "cases.json").write_text(json.dumps(cases))
+    results = root / "results.json"
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, str(WORKER), str(root / "cases.json"), str(results),
+                           "--timeout", str(CASE_SECONDS)], env=env, capture_output=True, text=True, check=False,
+                          timeout=CASE_SECONDS * len(cases) + 60)
+    done = json.loads(results.read_text()) if results.exists() else {}
+    assert proc.returncode == 0, f"the fuzz worker died after {len(done)} cases: {proc.stderr[-3000:]}"
+    return done
+
+
+def _fill(arg: str, values: dict[str, Path]) -> str:
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", str(value))
+    return arg
+
+
+@pytest.mark.parametrize(("case_id", "expect"), [(case_id, expect) for case_id, _, expect in ALL_CASES],
+                         ids=[case_id for case_id, _, _ in ALL_CASES])
+def test_cli_case_ends_cleanly(case_id: str, expect: str, fuzz_results: dict[str, dict[str, Any]]) -> None:
+    if case_id == "generate-device-gpu-index" and torch.cuda.device_count() > 99:
+        pytest.skip("this machine has a GPU of that index")
+    result = fuzz_results[case_id]
+    stderr = result["stderr"]
+    assert result["status"] != "timeout", f"{case_id} ran past {CASE_SECONDS} s"
+    assert "Traceback" not in stderr, f"{case_id} ended in a traceback:\n{stderr}"
+    if expect == "error":
+        assert result["status"] == 2, f"{case_id} was not refused (status {result['status']}): {stderr[-500:]}"
+    else:
+        assert result["status"] in (0, 2), f"{case_id} ended with status {result['status']}: {stderr[-500:]}"
+    if result["status"] == 2:
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"{case_id} printed {len(lines)} lines:\n{stderr}"
+    assert result["peak_mib"] < PEAK_MIB, f"{case_id}: the process peaked at {result['peak_mib']} MiB"
+
+
+def test_every_flag_of_every_command_is_fuzzed() -> None:
+    """The flag cases follow the signatures: every typed keyword flag gets its wrong-type values."""
+    fuzzed = {case_id.split("=")[0] for case_id, _, _ in flag_cases()}
+    for name, (function, _, _) in COMMANDS.items():
+        hints = typing.get_type_hints(function)
+        for param in inspect.signature(function).parameters.values():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY and _base_type(hints[param.name]) in WRONG_TYPE:
+                assert f"{name}--{param.name}" in fuzzed
