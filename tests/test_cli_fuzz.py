@@ -13,6 +13,7 @@ and a cap on the data segment so an allocation bomb fails instead of exhausting 
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import eagle_package, save_tiny_model
@@ -316,13 +318,29 @@ DRAFTER_FILES: list[tuple[str, Mutation]] = [
 GGUF_HEADER = b"GGUF" + (3).to_bytes(4, "little")
 GGUF_ARGV = ["generate", "--model", "{case_dir}/model.gguf", "--prompt", "hi"]
 RECIPE_ARGV = ["fit", "--config", "{case_dir}/recipe.yaml", "--trainer.logger", "false"]
+CORPUS_ARGV = ["generate", "--model", "{model}", "--prompt", "hi", "--method", "retrieval",
+               "--method_options", '{"corpus": "{case_dir}/corpus.npy"}']
 RECORD_ARGV = ["regress", "{package}", "--check", "{case_dir}/record.json"]
 
-STANDALONE_FILES: list[tuple[str, str, bytes | None, list[str]]] = [
+def _gguf_head() -> bytes:
+    """The default model's first 64 KiB: a GGUF cut short inside its header."""
+    with named_model_gguf(DEFAULT_MODEL).open("rb") as f:
+        return f.read(1 << 16)
+
+
+def _npy(array: np.ndarray) -> Callable[[], bytes]:
+    def data() -> bytes:
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        return buffer.getvalue()
+    return data
+
+
+STANDALONE_FILES: list[tuple[str, str, bytes | Callable[[], bytes], list[str]]] = [
     # (case, file written into the case's directory, its bytes, the command that reads it)
     ("gguf-empty", "model.gguf", b"", GGUF_ARGV),
     ("gguf-bad-magic", "model.gguf", b"NOPE" + b"\0" * 60, GGUF_ARGV),
-    ("gguf-truncated-header", "model.gguf", None, GGUF_ARGV),  # the default model's first 64 KiB
+    ("gguf-truncated-header", "model.gguf", _gguf_head, GGUF_ARGV),
     ("gguf-huge-counts", "model.gguf", GGUF_HEADER + (1 << 60).to_bytes(8, "little") * 2, GGUF_ARGV),
     ("gguf-huge-string", "model.gguf", GGUF_HEADER + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
      + (1 << 60).to_bytes(8, "little") + b"key", GGUF_ARGV),
@@ -333,6 +351,11 @@ STANDALONE_FILES: list[tuple[str, str, bytes | None, list[str]]] = [
     ("recipe-unknown-key", "recipe.yaml", b"bogus_section: 1\n", RECIPE_ARGV),
     ("recipe-unknown-class", "recipe.yaml", b"model:\n  class_path: os.system\n", RECIPE_ARGV),
     ("recipe-wrong-type", "recipe.yaml", b"trainer:\n  max_epochs: many\n", RECIPE_ARGV),
+    ("corpus-garbage", "corpus.npy", b"\x93NUMPY garbage", CORPUS_ARGV),
+    ("corpus-pickled", "corpus.npy", b"\x93NUMPY\x01\x00v\x00{'descr': '|O', 'fortran_order': False, 'shape': (2,), }"
+     + b" " * 57 + b"\n" + b"\x80\x04K\x01.", CORPUS_ARGV),
+    ("corpus-floats", "corpus.npy", _npy(np.linspace(0, 9, 50)), CORPUS_ARGV),
+    ("corpus-out-of-vocab", "corpus.npy", _npy(np.array([5, 10**9, 7, 8])), CORPUS_ARGV),
     ("record-garbage", "record.json", b"\xd2\x00garbage", RECORD_ARGV),
     ("record-list", "record.json", b"[]", RECORD_ARGV),
     ("record-fields", "record.json", b'{"format": "warpdecode-regression", "prompts": 5}', RECORD_ARGV),
@@ -396,10 +419,7 @@ def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
         elif case_id.startswith("file:"):
             case_dir.mkdir(parents=True)
             _, filename, data, _ = next(f for f in STANDALONE_FILES if f"file:{f[0]}" == case_id)
-            if data is None:
-                with named_model_gguf(DEFAULT_MODEL).open("rb") as f:
-                    data = f.read(1 << 16)
-            (case_dir / filename).write_bytes(data)
+            (case_dir / filename).write_bytes(data() if callable(data) else data)
         values = {**fixed, "case_dir": case_dir, "out": out}
         argv = [_fill(arg, values) for arg in template]
         cases.append({"id": case_id, "argv": argv, "cwd": str(out)})

@@ -41,7 +41,13 @@ def corpus_datastore(corpus: str, tokenizer: str, max_tokens: int, vocab_size: i
         path = Path(corpus)
         if not path.is_file():
             raise ConfigError(f"retrieval corpus {path} not found")
-        return Datastore.build(np.load(path, mmap_mode="r").reshape(-1)[:max_tokens], vocab_size)
+        try:
+            ids = np.load(path, mmap_mode="r")  # never pickles (allow_pickle is off)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read retrieval corpus {path}: {' '.join(str(e).split())}") from e
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ConfigError(f"retrieval corpus {path} holds {ids.dtype} values; it must hold integer token ids")
+        return Datastore.build(ids.reshape(-1)[:max_tokens], vocab_size)
     from warpdecode.datamodules.corpus import CorpusDataModule  # training-side import, only when used
 
     module = CorpusDataModule(source=corpus, tokenizer=tokenizer, block_size=1024, max_train_tokens=max_tokens)
