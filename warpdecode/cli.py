@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     from jsonargparse import CLI, ArgumentParser, set_parsing_settings
 
     from warpdecode import commands
-    from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError
+    from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError, one_line
 
     class Parser(OneLineArgumentErrors, ArgumentParser):
         pass
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
              commands.prompts, commands.self_chat], args=_normalise_flags(argv), as_positional=True,
             parser_class=Parser)
     except WarpdecodeError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever the message holds
+        print(f"error: {one_line(e, 2000)}", file=sys.stderr)  # one line, whatever the message holds
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -41,18 +41,21 @@ def argument_error_line(message: str) -> str:
         return "invalid arguments"
     key = re.match(r'Parser key "([^"]+)":?\s*(.*)', lines[0])
     if key is None:
-        return _clip(" ".join(lines))
+        return one_line(" ".join(lines), 400)
     flag = f"--{key.group(1)}"
     lines[0] = key.group(2)
     types = list(dict.fromkeys(t for t in re.findall(r"Expected a <class '([\w.]+)'>", message) if t != "NoneType"))
     value = re.search(r"(?:Given|Got) value: (.*)", message)
     if types and value is not None:
-        return _clip(f"{flag}: expected {' or '.join(types)}, got {value.group(1).strip()!r}")
-    return _clip(f"{flag}: " + " ".join(line.removeprefix("- ") for line in lines if line))
+        return one_line(f"{flag}: expected {' or '.join(types)}, got {value.group(1).strip()!r}", 400)
+    return one_line(f"{flag}: " + " ".join(line.removeprefix("- ") for line in lines if line), 400)
 
 
-def _clip(text: str, limit: int = 400) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def one_line(error: BaseException | str, limit: int = 500) -> str:
+    """An exception's message on one line (whitespace runs collapsed), at most `limit` characters:
+    a third-party message can span many lines, and the CLI prints one."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class OneLineArgumentErrors:

@@ -43,7 +43,7 @@ import torch
 
 import warpdecode
 from warpdecode.decoding import registry
-from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError
+from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError, one_line
 from warpdecode.export import onnx_graph
 from warpdecode.export.accuracy import compare_models
 from warpdecode.export.drafter_graphs import export_drafter_graphs
@@ -511,9 +511,8 @@ class InferencePackage:
         try:
             model.load_state_dict({k: weights[WEIGHT_PREFIX + k] for k in keys}, assign=True)
         except RuntimeError as e:  # shapes that are not target.config's
-            detail = " ".join(str(e).split())
             raise PackageIntegrityError(f"{self.directory}: the weights in {self.graph.name} do not fit target.config: "
-                                        f"{detail[:300]}") from e
+                                        f"{one_line(e, 300)}") from e
         if config.position == "rope":
             model.inv_freq = rope_inv_freq(config)
         model.eval()

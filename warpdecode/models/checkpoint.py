@@ -21,13 +21,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from warpdecode.errors import CheckpointError, ConfigError
+from warpdecode.errors import CheckpointError, ConfigError, one_line
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf import read_gguf
 from warpdecode.models.importers.hf import (
     config_from_hf,
     config_to_hf,
-    one_line,
     shape_mismatch,
     state_dict_from_hf,
     state_dict_to_hf,

@@ -22,7 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from warpdecode.errors import CheckpointError, ConfigError
+from warpdecode.errors import CheckpointError, ConfigError, one_line
 
 END_OF_TEXT = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -34,11 +34,6 @@ TEMPLATE_STEPS = 2_000_000
 TEMPLATE_MIN_CHARS = 1 << 20
 """Longest output (and intermediate string or list) of a rendering: this, or 4x the messages' size."""
 MAX_TOKENIZER_CONFIG_BYTES = 64 << 20
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _token_text(value: Any, path: Path, name: str) -> str | None:
@@ -85,7 +80,7 @@ class Tokenizer:
         except BaseException as e:  # the Rust library raises a bare Exception (or a pyo3 panic) on a bad file
             if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
                 raise
-            raise CheckpointError(f"cannot read tokenizer {path}: {_one_line(e)}") from e
+            raise CheckpointError(f"cannot read tokenizer {path}: {one_line(e)}") from e
         config: Any = {}
         config_path = directory / "tokenizer_config.json"
         if config_path.is_file():
@@ -94,7 +89,7 @@ class Tokenizer:
                     raise ValueError(f"{config_path.stat().st_size} bytes is no tokenizer config")
                 config = json.loads(config_path.read_bytes())
             except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
-                raise CheckpointError(f"cannot read tokenizer {config_path}: {_one_line(e)}") from e
+                raise CheckpointError(f"cannot read tokenizer {config_path}: {one_line(e)}") from e
             if not isinstance(config, dict):
                 raise CheckpointError(f"cannot read tokenizer {config_path}: expected a JSON object, "
                                       f"got {type(config).__name__}")
@@ -168,7 +163,7 @@ class Tokenizer:
                 parts.append(part)
             return "".join(parts)
         except Exception as e:  # the template is code from the checkpoint: whatever it raises is its failure
-            raise ConfigError(f"chat template failed: {_one_line(e)}") from e
+            raise ConfigError(f"chat template failed: {one_line(e)}") from e
 
 
 class _BoundedCodeGenerator(CodeGenerator):

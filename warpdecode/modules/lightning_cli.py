@@ -37,7 +37,7 @@ from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
 from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.datamodules.trajectories import TrajectoryDataModule
-from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError
+from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError, one_line
 from warpdecode.modules.acceptance import AcceptanceHeadModule
 from warpdecode.modules.causal_lm import CausalLM
 from warpdecode.modules.certainty_forcing import CertaintyForcingLM
@@ -233,7 +233,7 @@ def main(argv: list[str]) -> None:
         cause = user_error(e)
         if cause is None:
             raise
-        print(f"error: {' '.join(str(cause).split())}", file=sys.stderr)
+        print(f"error: {one_line(cause, 2000)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

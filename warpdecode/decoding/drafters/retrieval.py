@@ -27,7 +27,7 @@ from warpdecode.decoding.datastore import Datastore
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.errors import ConfigError
+from warpdecode.errors import ConfigError, one_line
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.named import DEFAULT_MODEL
 
@@ -44,7 +44,7 @@ def corpus_datastore(corpus: str, tokenizer: str, max_tokens: int, vocab_size: i
         try:
             ids = np.load(path, mmap_mode="r")  # never pickles (allow_pickle is off)
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot read retrieval corpus {path}: {' '.join(str(e).split())}") from e
+            raise ConfigError(f"cannot read retrieval corpus {path}: {one_line(e)}") from e
         if not np.issubdtype(ids.dtype, np.integer):
             raise ConfigError(f"retrieval corpus {path} holds {ids.dtype} values; it must hold integer token ids")
         return Datastore.build(ids.reshape(-1)[:max_tokens], vocab_size)

@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from warpdecode.errors import CheckpointError, ConfigError
+from warpdecode.errors import CheckpointError, ConfigError, one_line
 from warpdecode.models.config import SIZE_LIMITS, ModelConfig, physical_memory_bytes
 from warpdecode.models.importers.gguf_header import GgufHeader, read_gguf_header
-from warpdecode.models.importers.hf import config_from_hf, one_line, shape_mismatch
+from warpdecode.models.importers.hf import config_from_hf, shape_mismatch
 from warpdecode.models.tokenizer import Tokenizer
 
 ARCHITECTURES = ("gpt2", "llama", "qwen2")

@@ -236,13 +236,6 @@ def shape_mismatch(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]]) -
     return None
 
 
-def one_line(error: BaseException | str, limit: int = 500) -> str:
-    """An exception's message on one line (whitespace runs collapsed), at most `limit` characters:
-    a third-party message can span many lines, and the CLI prints one."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` dict for `config` (loadable by `transformers`)."""
     eos: int | list[int] | None = config.eos_token_ids[0] if len(config.eos_token_ids) == 1 else config.eos_token_ids or None
