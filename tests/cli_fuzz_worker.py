@@ -71,9 +71,20 @@ def run_case(argv: list[str], timeout: int) -> dict[str, object]:
         out.seek(0)
         stderr = err.read().decode("utf-8", "replace")
         stdout = out.read(4096).decode("utf-8", "replace")
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"status": status, "stderr": stderr[-4000:], "stdout": stdout, "seconds": round(seconds, 3),
-            "peak_mib": round(peak_mib)}
+            "peak_mib": round(peak_resident_mib())}
+
+
+def peak_resident_mib() -> float:
+    """This process's peak resident memory. `VmHWM` belongs to the process image (a fresh one at exec);
+    `ru_maxrss` would also count the parent's peak before the fork and exec that started this worker."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:

@@ -2,6 +2,8 @@
 another target is refused."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,6 +122,9 @@ def test_broken_packages_are_refused(target, package, tmp_path):
     broken.mkdir()
     (broken / "drafter.json").write_text(json.dumps({"format": "warpdecode-drafter", "version": 1, "kind": "eagle"}))
     (broken / "drafter.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(CheckpointError, match="field target is missing"):
+        EagleDraft(str(broken)).prepare(target)
+    shutil.copy(Path(package) / "drafter.json", broken / "drafter.json")  # valid metadata, truncated weights
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         EagleDraft(str(broken)).prepare(target)
     with pytest.raises(ConfigError, match="tree must be"):
