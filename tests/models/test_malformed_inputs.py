@@ -34,8 +34,12 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 ALPHABET = "abcdefghij "
 
 
+HANG_SECONDS = 60.0
+"""What counts as a hang: the cases take milliseconds, and a loaded machine must not fail them."""
+
+
 @contextmanager
-def cheap(seconds: float = 5.0, megabytes: int = 100, resident_megabytes: int = 1024) -> Iterator[None]:
+def cheap(seconds: float = HANG_SECONDS, megabytes: int = 100, resident_megabytes: int = 1024) -> Iterator[None]:
     """The block ends within `seconds`, its Python heap peak stays under `megabytes` and the process's
     peak resident size grows by less than `resident_megabytes` (first-time imports and torch's own
     start-up take some; the allocations this guards against take gigabytes)."""
@@ -301,7 +305,7 @@ def test_bad_chat_template_is_one_line(template: str, message: str) -> None:
     start = time.monotonic()
     with pytest.raises(ConfigError, match="^chat template failed: .*" + message) as info:
         render(template)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < HANG_SECONDS
     assert "\n" not in str(info.value)
 
 
@@ -310,7 +314,7 @@ def test_chat_template_wall_clock_limit(monkeypatch: pytest.MonkeyPatch) -> None
     start = time.monotonic()
     with pytest.raises(ConfigError, match="chat template failed: still rendering after 0.3 s"):
         render("{% for i in range(100000) %}{{ (range(100000)|list|sum) and '' }}{% endfor %}")
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < HANG_SECONDS
 
 
 def test_ordinary_chat_templates_still_render() -> None:
@@ -545,7 +549,7 @@ def test_cli_absurd_config_sizes(ckpt: Path, capsys: pytest.CaptureFixture[str])
     edit_config(ckpt, vocab_size=13, num_hidden_layers=1_000_000)
     code, err = run_cli(["generate", "--model", str(ckpt), "--prompt", "abc", "--max-new-tokens", "2"], capsys)
     assert_one_line(code, err, "num_hidden_layers")
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < HANG_SECONDS
 
 
 def test_cli_malformed_tokenizer_and_weights(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
