@@ -106,3 +106,29 @@ def test_an_empty_prompt_generates_from_the_bos_token_or_the_chat_template(chang
     out = json.loads(capsys.readouterr().out)
     target, _ = load_pretrained(model)
     assert out["token_ids"] == generate(target, None, expected, max_new_tokens=3).token_ids
+
+
+def test_generate_in_half_precision(tiny_model_dir, capsys):
+    """--dtype bf16 loads the model in bf16 (keeping its checkpoint's fingerprint); on the tiny model its
+    greedy tokens are fp32's."""
+    import torch
+
+    from warpdecode.commands import _load_target
+
+    fp32, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, "fp32")
+    bf16, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, "bf16")
+    assert bf16.embed.weight.dtype == torch.bfloat16 and bf16.fingerprint() == fp32.fingerprint()
+    outputs = {}
+    for dtype in ("fp32", "bf16"):
+        main(["generate", "--model", str(tiny_model_dir), "--prompt", "for i in", "--max-new-tokens", "6",
+              "--dtype", dtype, "--json"])
+        outputs[dtype] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert len(outputs["bf16"]) == 6 and outputs["bf16"] == outputs["fp32"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--dtype", "fp8"], "--dtype must be one of fp32, bf16, fp16, got 'fp8'"),
+])
+def test_bad_dtype_is_one_line(extra, message, tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", *extra], capsys)
+    assert_one_line_error(code, err, message)

@@ -63,6 +63,7 @@ def generate(
     package: Path | None = None,
     backend: str = "torch",
     device: str = "cpu",
+    dtype: str = "fp32",
     prompt: str,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
@@ -96,6 +97,10 @@ def generate(
             exported with --quantize), which need --package.
         device: cpu, or cuda (a CUDA device such as cuda:1) for --model on torch; with a package's
             onnxruntime backends also cuda or tensorrt where ONNX Runtime has those providers.
+        dtype: precision of --model's weights, activations and KV cache: fp32 (the exactness
+            oracle), bf16 or fp16 (for GPUs: a verify step then costs little more than a one-token
+            step; outputs can differ from fp32 ones, so compare with plain decoding in the same
+            precision). A package runs in the precision it was exported in.
         prompt: the prompt text. An empty prompt is generated from when it still gives the model a
             token: the chat template's, or else the model's BOS token (refused when it has neither).
         max_new_tokens: largest number of tokens to generate.
@@ -135,7 +140,7 @@ def generate(
     _check_threads(threads)
     if threads is not None:
         torch.set_num_threads(threads)
-    target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads)
+    target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
     if not target.config.causal:
         if top_k is not None or top_p is not None or min_p is not None or typical_p is not None:
             raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
@@ -207,24 +212,29 @@ def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: st
         print(f"[{len(out.answers[0])} tokens in {stats.steps[0]} steps, {stats.seconds:.3f} s]", file=sys.stderr)
 
 
-def _load_target(model: str | None, package: Path | None, backend: str, device: str,
-                 threads: int | None) -> tuple[Backbone, Tokenizer | None, dict[str, dict[str, Any]], str]:
+def _load_target(model: str | None, package: Path | None, backend: str, device: str, threads: int | None,
+                 dtype: str = "fp32") -> tuple[Backbone, Tokenizer | None, dict[str, dict[str, Any]], str]:
     """The backbone to run, its tokenizer, the drafter options a package supplies, and the default method."""
-    from warpdecode.errors import ConfigError
+    from warpdecode.errors import CapabilityError, ConfigError
     from warpdecode.models.checkpoint import load_pretrained
-    from warpdecode.models.device import torch_device
+    from warpdecode.models.device import torch_device, torch_dtype
 
+    precision = torch_dtype(dtype)
     if package is None:
         from warpdecode.models.cuda_graphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 
         if backend not in MODEL_BACKENDS:
             raise ConfigError(f"--backend {backend} runs an exported package: add --package DIR "
                               f"(make one with `warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
-        pretrained, tokenizer = load_pretrained(DEFAULT_MODEL if model is None else model, device=torch_device(device))
+        pretrained, tokenizer = load_pretrained(DEFAULT_MODEL if model is None else model, device=torch_device(device),
+                                                dtype=precision)
         target: Backbone = CudaGraphBackbone(pretrained) if backend == CUDA_GRAPHS else pretrained
         return target, tokenizer, {}, "none"
     if model is not None:
         raise ConfigError("give --model or --package, not both")
+    if precision != torch.float32:
+        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
+                              f"use --model for half precision")
     from warpdecode.export.package import InferencePackage
 
     loaded = InferencePackage.load(package)
@@ -507,6 +517,7 @@ def bench(
     threads: int | None = None,
     warmup_tokens: int = 8,
     device: str = "cpu",
+    dtype: str = "fp32",
     out: Path = Path("runs/bench"),
 ) -> None:
     """Benchmark decoding methods side by side on a prompt set; writes results.json, results.md, speedup.png.
@@ -552,16 +563,26 @@ def bench(
         threads: CPU threads for torch (default: torch's choice); peers run on the same threads.
         warmup_tokens: tokens each method generates once before measuring (0: no warm-up).
         device: where --model runs on torch, and the transformers peers with it: cpu, or cuda (cuda:N).
+        dtype: precision of --model and of the transformers peers: fp32, bf16 or fp16. In half
+            precision `identical` compares with plain greedy in the same precision, and where a row
+            differs the table gives the earliest token position at which it does.
         out: output directory.
     """
     from warpdecode.bench.harness import BenchConfig, run_bench
     from warpdecode.bench.report import write
-    from warpdecode.errors import ConfigError
+    from warpdecode.errors import CapabilityError, ConfigError
     from warpdecode.models.checkpoint import read_config
+    from warpdecode.models.device import torch_dtype
 
     _check_threads(threads)
     _check_output_directory(out, "--out")
+    torch_dtype(dtype)
+    if package is not None and dtype != "fp32":
+        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
+                              f"use --model for half precision")
     if package is None and not read_config(model).causal:
+        if dtype != "fp32":
+            raise CapabilityError("--dtype: the diffusion-LM bench runs in fp32")
         _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
         return
     if package is not None:
@@ -575,7 +596,7 @@ def bench(
     config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts or "spec_bench", categories=categories,
                          limit=limit, max_new_tokens=max_new_tokens or 64,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, peers=peers, threads=threads,
-                         warmup_tokens=warmup_tokens, device=device)
+                         warmup_tokens=warmup_tokens, device=device, dtype=dtype)
     result = run_bench(config, methods=methods if methods is not None else "none,prompt_lookup")
     paths = write(result, out)
     print(result.table())

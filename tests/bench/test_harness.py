@@ -215,3 +215,36 @@ def test_cudagraphs_need_a_cuda_model(tiny_model_dir):
     config = BenchConfig(model=str(tiny_model_dir), backends="torch,cudagraphs", peers="none")
     with pytest.raises(CapabilityError, match="--device cuda"):
         run_bench(config, methods="none", prompts=[BenchPrompt("a", "x", "hello", False)], progress=False)
+
+
+@pytest.mark.parametrize(("tokens", "reference", "index"), [
+    ([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 2, 4], 2), ([9, 2], [1, 2], 0), ([1, 2], [1, 2, 3], 2),
+    ([1, 2, 3], [1, 2], 2), ([], [5], 0),
+])
+def test_first_difference(tokens, reference, index):
+    from warpdecode.bench.harness import first_difference
+
+    assert first_difference(tokens, reference) == index
+
+
+def test_half_precision_bench_runs_the_model_and_peers_in_that_precision(tiny_model_dir):
+    """--dtype bf16: the model and the transformers peer load in bf16, the command line repeats it, and
+    identity is judged against plain greedy decoding in the same precision."""
+    prompts = [BenchPrompt("a", "x", "for i in range(10): for i in", False)]
+    config = BenchConfig(model=str(tiny_model_dir), max_new_tokens=6, peers="transformers", warmup_tokens=0, dtype="bf16")
+    result = run_bench(config, methods="prompt_lookup", prompts=prompts, progress=False)
+    assert "--dtype bf16" in config.command()
+    assert result.aggregate("prompt_lookup").identical == 1 and result.aggregate("prompt_lookup").first_difference is None
+    assert all(m.first_difference is None for m in result.measurements if m.row == "prompt_lookup")
+    peer = next(m for m in result.measurements if m.row == "transformers")
+    assert len(peer.token_ids) == 6
+
+
+def test_the_identity_cell_names_the_earliest_difference():
+    from warpdecode.bench.harness import Aggregate
+    from warpdecode.bench.report import identical_cell
+
+    row = Aggregate(row="x", category="all", prompts=13, new_tokens=1, seconds=1.0, tokens_per_second=1.0, speedup=1.0,
+                    median_speedup=1.0, speedup_vs_transformers=None, tau=None, tau_without_bonus=None,
+                    acceptance_rate=None, time_to_first_token=None, peak_rss_mib=None, identical=11, first_difference=41)
+    assert identical_cell(row) == "no (11/13, from token 41)"

@@ -91,3 +91,22 @@ def test_graphs_replay_across_generations(target):
     captured = backbone.captures
     generate(backbone, None, PROMPTS[0], max_new_tokens=24, stop_at_eos=False, method=method)
     assert backbone.captures == captured > 0
+
+
+@pytest.fixture(scope="module")
+def half_target():
+    return greedy_target().to_precision(torch.bfloat16).to("cuda")
+
+
+@pytest.mark.parametrize("backend", ["eager", "cudagraphs"])
+@pytest.mark.parametrize("name", sorted(set(registry.names("drafter")) - CPU_ONLY))
+def test_greedy_identity_in_bf16_on_cuda(half_target, backend, name, drafter_options):
+    """bf16 on the GPU (`--dtype bf16`): every drafter reproduces plain greedy decoding in the same
+    precision on the same backend (docs/metrics.md); learned drafters run from their fp32 packages."""
+    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+
+    target = CudaGraphBackbone(half_target) if backend == "cudagraphs" else half_target
+    plain = generate(target, None, PROMPTS[1], max_new_tokens=24, stop_at_eos=False).token_ids
+    out = generate(target, None, PROMPTS[1], max_new_tokens=24, stop_at_eos=False,
+                   method=build_method(name, options=drafter_options.get(name, {})))
+    assert out.token_ids == plain

@@ -379,3 +379,15 @@ def test_learned_position_beyond_context_is_refused():
     model = Transformer(config)
     with pytest.raises(ConfigError, match="context of 8 tokens"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_a_half_precision_copy_keeps_its_checkpoints_fingerprint():
+    """`to_precision` stamps the float32 weights' fingerprint on the bf16 copy (drafters trained for the
+    checkpoint run on it); `.to` alone, or a copy cast back to float32, is fingerprinted from its values."""
+    from tiny_models import greedy_target
+
+    original = greedy_target().fingerprint()
+    half = greedy_target().to_precision(torch.bfloat16)
+    assert half.embed.weight.dtype == torch.bfloat16 and half.fingerprint() == original
+    assert greedy_target().to(torch.bfloat16).fingerprint() != original
+    assert half.to_precision(torch.float32).fingerprint() != original

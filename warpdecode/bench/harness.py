@@ -31,7 +31,7 @@ from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
 from warpdecode.models.cuda_graphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
-from warpdecode.models.device import torch_device
+from warpdecode.models.device import torch_device, torch_dtype
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
 
@@ -64,6 +64,8 @@ class BenchConfig:
     warmup_tokens: int = 8
     device: str = "cpu"
     """Where `model` runs on torch, and the peers with it: cpu or cuda[:N]."""
+    dtype: str = "fp32"
+    """Precision of `model` and the peers (`models.device.DTYPES`)."""
 
     def command(self, out: Path | None = None) -> str:
         """The `warpdecode bench` command line that repeats this run."""
@@ -73,7 +75,8 @@ class BenchConfig:
                  f"--prompts {self.prompts}", f"--max-new-tokens {self.max_new_tokens}"]
         optional = {"categories": self.categories, "limit": self.limit, "temperature": self.temperature or None, "top-k": self.top_k,
                     "top-p": self.top_p, "threads": self.threads, "peers": None if self.peers == "auto" else self.peers,
-                    "device": None if self.device == "cpu" else self.device}
+                    "device": None if self.device == "cpu" else self.device,
+                    "dtype": None if self.dtype == "fp32" else self.dtype}
         parts += [f"--{k} {v}" for k, v in optional.items() if v is not None]
         return " ".join(parts + ([f"--out {out}"] if out is not None else []))
 
@@ -112,7 +115,8 @@ def load_targets(config: BenchConfig, package: InferencePackage | None,
         if not set(backends) <= set(MODEL_BACKENDS):
             raise ConfigError(f"--backends {','.join(backends)} needs --package (make one with `warpdecode export`); "
                               f"--model runs on {', '.join(MODEL_BACKENDS)}")
-        model, tokenizer = load_pretrained(resolve(config.model), device=torch_device(config.device))
+        model, tokenizer = load_pretrained(resolve(config.model), device=torch_device(config.device),
+                                           dtype=torch_dtype(config.dtype))
         targets: dict[str, Backbone] = {TORCH: model}
         if CUDA_GRAPHS in backends:
             targets[CUDA_GRAPHS] = CudaGraphBackbone(model)
@@ -149,6 +153,9 @@ class Measurement:
     divergent: int | None = None
     """Emitted tokens the target's argmax disagreed with (`DecodeStats.divergent_tokens`); lossy
     verifiers only."""
+    first_difference: int | None = None
+    """Index of the first new token that differs from `none`'s on this prompt (a length difference
+    counts at the shorter length); None when identical or sampling."""
 
 
 @dataclass
@@ -178,6 +185,8 @@ class Aggregate:
     """Largest over the prompts."""
     identical: int | None
     """Prompts whose output equals `none`'s (None when sampling)."""
+    first_difference: int | None = None
+    """The earliest `Measurement.first_difference` over the prompts (None when all are identical)."""
     agreement: float | None = None
     """Lossy verifiers at temperature 0: the share of new tokens that are the target's own greedy
     choice after the emitted prefix (1 − divergent / new tokens)."""
@@ -249,10 +258,19 @@ def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categ
                 time_to_first_token=sum(m.time_to_first_token or 0.0 for m in ms) / len(ms) if ours and ms else None,
                 peak_rss_mib=max(peaks) if peaks else None,
                 identical=None if sampling else sum(bool(m.identical) for m in ms),
+                first_difference=min((m.first_difference for m in ms if m.first_difference is not None), default=None),
                 agreement=(agreement(ms) if ours and not row.lossless and row.backend not in LOSSY_BACKENDS and not sampling
                            else None),
             ))
     return out
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """Index of the first position where `tokens` and `reference` differ; a length difference counts at
+    the shorter length; None when they are equal. [1, 2, 3] vs [1, 2, 4] → 2; [1, 2] vs [1, 2, 3] → 2."""
+    if tokens == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
 
 
 def agreement(ms: list[Measurement]) -> float | None:
@@ -266,7 +284,7 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
     if config.peers == "none":
         return {}, {}
     try:
-        base = peer_lib.TransformersGenerate(model_dir, device=config.device)
+        base = peer_lib.TransformersGenerate(model_dir, device=config.device, dtype=torch_dtype(config.dtype))
     except CapabilityError as e:
         if config.peers == "auto":
             return {}, {TRANSFORMERS: str(e)}
@@ -281,6 +299,7 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
         label = f"{TRANSFORMERS}/{spec.label}"
         try:
             built[label] = peer_lib.TransformersGenerate(model_dir, model=base.model, device=config.device,
+                                                         dtype=torch_dtype(config.dtype),
                                                          generate_kwargs=equivalent(defaults | spec.options, model_dir))
         except (CapabilityError, OSError, ValueError) as e:
             skipped[label] = f"{type(e).__name__}: {e}"
@@ -403,6 +422,7 @@ def run_bench(
                 m = done[row.label]
                 m.prompt_id, m.category = prompt.id, prompt.category
                 m.identical = None if sampling else m.token_ids == done[BASELINE].token_ids
+                m.first_difference = None if sampling else first_difference(m.token_ids, done[BASELINE].token_ids)
                 measurements.append(m)
     for row in rows:
         drafter = built_methods[row.label].drafter if row.kind == "warpdecode" else None

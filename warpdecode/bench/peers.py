@@ -28,8 +28,9 @@ class PeerResult:
     seconds: float
 
 
-def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = None, device: str = "cpu") -> Any:
-    """`AutoModelForCausalLM` in fp32 from a model directory, on `device`; `num_hidden_layers=N` keeps
+def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = None, device: str = "cpu",
+                            dtype: torch.dtype = torch.float32) -> Any:
+    """`AutoModelForCausalLM` in `dtype` from a model directory, on `device`; `num_hidden_layers=N` keeps
     its first N blocks (the weights of the others are not loaded), final norm and head."""
     try:
         import transformers
@@ -38,24 +39,24 @@ def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     overrides = {} if num_hidden_layers is None else {"num_hidden_layers": num_hidden_layers}
-    model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **overrides)
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **overrides)
     return model.to(torch.device(device)).eval()
 
 
 class TransformersGenerate:
-    """Hugging Face `generate()` (KV cache, fp32) on the same checkpoint directory: greedy by default;
-    `generate_kwargs` select its other modes (prompt lookup, assisted generation); the model and an
-    assistant model run on `device`."""
+    """Hugging Face `generate()` (KV cache, `dtype`: fp32 by default) on the same checkpoint directory:
+    greedy by default; `generate_kwargs` select its other modes (prompt lookup, assisted generation);
+    the model and an assistant model run on `device` in `dtype`."""
 
     name = "transformers.generate"
 
     def __init__(self, model_dir: Path, *, model: Any | None = None, device: str = "cpu",
-                 generate_kwargs: dict[str, Any] | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, generate_kwargs: dict[str, Any] | None = None) -> None:
         self.device = torch.device(device)
-        self.model = load_transformers_model(model_dir, device=device) if model is None else model
+        self.model = load_transformers_model(model_dir, device=device, dtype=dtype) if model is None else model
         self.generate_kwargs = dict(generate_kwargs or {})
         if "assistant_model" in self.generate_kwargs:
-            self.generate_kwargs["assistant_model"] = self.generate_kwargs["assistant_model"].to(self.device)
+            self.generate_kwargs["assistant_model"] = self.generate_kwargs["assistant_model"].to(self.device, dtype)
 
     @torch.inference_mode()
     def generate(

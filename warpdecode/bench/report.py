@@ -24,7 +24,9 @@ def _loads(values: list[float] | None) -> str:
 def identical_cell(a: Aggregate) -> str:
     if a.identical is None:
         return "n/a"
-    return "yes" if a.identical == a.prompts else f"no ({a.identical}/{a.prompts})"
+    if a.identical == a.prompts:
+        return "yes"
+    return f"no ({a.identical}/{a.prompts}" + (f", from token {a.first_difference})" if a.first_difference is not None else ")")
 
 
 def overall_table(result: BenchResult, category: str = ALL) -> str:
@@ -86,7 +88,8 @@ wall time {result.wall_seconds:.0f} s.{skipped}{rows_skipped}
 Tokens/s = total new tokens / total seconds; speedup = that over `none`'s in this run (interleaved);
 median speedup = median over prompts of the per-prompt ratio (robust to a burst of machine noise);
 τ, α summed over all verify forwards; TTFT = mean time to first token; peak MiB = largest RSS rise
-during one generation; identical = output equals `none`'s token for token (n/a when sampling);
+during one generation; identical = output equals `none`'s token for token (n/a when sampling; "from
+token i": the earliest new-token position at which a prompt's output differs);
 agreement (lossy rows) = share of new tokens that are the target's own greedy choice after the emitted
 prefix; vs transformers = speedup over transformers' own greedy `generate()` in this run. Definitions:
 docs/metrics.md.

@@ -193,5 +193,5 @@ def load_pretrained(
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer of {directory} has {tokenizer.vocab_size} tokens, more than the "
                               f"model's vocab_size={config.vocab_size}")
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to_precision(dtype).to(device=device).eval()
     return model, tokenizer

@@ -1,4 +1,4 @@
-"""The torch device a `--device` name stands for, checked before any model is loaded."""
+"""The torch device a `--device` name and the precision a `--dtype` name stand for, checked before any model is loaded."""
 
 from __future__ import annotations
 
@@ -28,3 +28,15 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so that a wall-clock reading includes it (no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""`--dtype` names → the precision of the weights, activations and KV cache. fp32 is the exactness
+oracle; half precision is compared with plain greedy decoding in the same precision (docs/metrics.md)."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a `--dtype` name stands for (ConfigError for another name)."""
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]

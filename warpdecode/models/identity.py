@@ -26,9 +26,9 @@ SAMPLE = 4096
 
 
 def model_fingerprint(model: Transformer) -> str:
-    """A 16-hex-digit fingerprint of `model`'s architecture and weights (dtype-independent: the
-    weights are hashed as float32, so the fp32 and bf16 copies of one checkpoint differ, but two
-    loads of one checkpoint agree)."""
+    """A 16-hex-digit fingerprint of `model`'s architecture and weights as they are (hashed as float32,
+    so the fp32 and bf16 values of one checkpoint differ, but two loads of one checkpoint agree;
+    `Transformer.fingerprint` answers a half-precision copy made by `to_precision` with its checkpoint's)."""
     digest = hashlib.sha256()
     fields = dataclasses.asdict(model.config)
     fields.pop("eos_token_ids", None)  # filled in from the tokenizer by some loaders; not architecture

@@ -248,8 +248,22 @@ class Transformer(nn.Module):
     def output_embeddings(self) -> Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    checkpoint_fingerprint: str | None = None
+    """Set by `to_precision`: the fingerprint of the float32 weights this half-precision copy was cast from."""
+
     def fingerprint(self) -> str:
+        if self.checkpoint_fingerprint is not None and self.embed.weight.dtype != torch.float32:
+            return self.checkpoint_fingerprint
         return model_fingerprint(self)
+
+    def to_precision(self, dtype: torch.dtype) -> Transformer:
+        """Cast the weights to `dtype` in place (as `.to(dtype)`), keeping the identity of the weights cast
+        from: a half-precision copy answers `fingerprint()` with its checkpoint's, so drafters trained for the
+        checkpoint run on it (compared with plain decoding in the same precision, docs/metrics.md). The
+        stamp holds while the weights are not float32; a copy cast back is fingerprinted from its values."""
+        if dtype != self.embed.weight.dtype and self.embed.weight.dtype == torch.float32:
+            self.checkpoint_fingerprint = model_fingerprint(self)
+        return self.to(dtype=dtype)
 
     def accepts_inputs_embeds(self) -> bool:
         return True
