@@ -8,7 +8,8 @@ from tiny_models import eagle_package, greedy_target, random_model
 
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError, ConfigError, PackageIntegrityError
-from warpdecode.export.package import FORMAT_VERSION, InferencePackage, export_package, sha256_of
+from warpdecode.export.package import FORMAT_VERSION, InferencePackage, export_package
+from warpdecode.io import sha256_file
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -32,7 +33,7 @@ def test_manifest_describes_the_package(tiny_package):
     assert listed == on_disk - {"manifest.json"}
     assert {"backbone.onnx", "backbone.onnx.data", "drafters/eagle/drafter.safetensors"} <= listed
     for name, entry in manifest["files"].items():
-        assert entry["sha256"] == sha256_of(tiny_package / name)
+        assert entry["sha256"] == sha256_file(tiny_package / name)
 
 
 def test_included_drafters_run_without_a_path(tiny_package):
@@ -92,7 +93,7 @@ def test_weights_swapped_consistently_are_caught_by_the_fingerprint(copy):
     raw[:4] = b"\x00\x00\x80\x3f"  # the first weight value becomes 1.0
     data.write_bytes(bytes(raw))
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["files"]["backbone.onnx.data"] = {"sha256": sha256_of(data), "bytes": data.stat().st_size}
+    manifest["files"]["backbone.onnx.data"] = {"sha256": sha256_file(data), "bytes": data.stat().st_size}
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PackageIntegrityError, match="not the exported model's"):
         InferencePackage.load(copy).backbone("torch")

@@ -15,7 +15,8 @@ from warpdecode.cli import main
 from warpdecode.errors import CheckpointError, PackageIntegrityError
 from warpdecode.export.drafter_graphs import OnnxHeads
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
-from warpdecode.export.package import InferencePackage, sha256_of
+from warpdecode.export.package import InferencePackage
+from warpdecode.io import sha256_file
 from warpdecode.models.drafter_package import DrafterPackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -36,7 +37,7 @@ def edit(package: Path, change) -> None:
 
 def entry(path: Path) -> dict:
     """A `files` entry that matches `path` (so only the check under test can refuse it)."""
-    return {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
 def refused(package: Path, message: str) -> None:

@@ -10,8 +10,6 @@ tensor as float32.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from abc import abstractmethod
 from pathlib import Path
@@ -25,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from warpdecode.datamodules.self_distill import Example, SelfDistillDataModule
 from warpdecode.errors import ConfigError
+from warpdecode.io import content_key
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.transformer import Transformer
@@ -82,8 +81,7 @@ class AnswerSamplesDataModule(LightningDataModule):
                 "positive_rate": round(float(labels.mean()), 4)}
 
     def _cache_path(self, manifest: Path) -> Path:
-        key = hashlib.sha256(json.dumps({"data": f"{manifest.parent.name}/{manifest.name}", "answers": self.max_answers, **self.cache_key()},
-                                        sort_keys=True).encode()).hexdigest()[:24]
+        key = content_key({"data": f"{manifest.parent.name}/{manifest.name}", "answers": self.max_answers, **self.cache_key()})
         return self.distill.cache_dir / self.cache_name / f"{key}.pt"
 
     def prepare_data(self) -> None:

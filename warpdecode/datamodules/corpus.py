@@ -16,9 +16,7 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sysconfig
-import tempfile
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -32,6 +30,7 @@ from tqdm.auto import tqdm
 
 from warpdecode.datamodules.blocks import EpochShuffleSampler, ResumableLoader, TokenBlocks, cut_blocks
 from warpdecode.errors import ConfigError
+from warpdecode.io import atomic_directory, sha256_file
 from warpdecode.models.checkpoint import cache_dir as warpdecode_cache_dir
 from warpdecode.models.checkpoint import resolve
 from warpdecode.models.tokenizer import Tokenizer, train_bpe
@@ -76,18 +75,6 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(table.get(part, re.escape(part)) for part in parts))
 
 
-def _write_atomic(directory: Path, write: Callable[[Path], None]) -> None:
-    """Fill a temporary sibling directory and rename it into place; a concurrent writer may win."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
-    try:
-        write(tmp)
-        tmp.rename(directory)
-    except OSError:
-        if not directory.is_dir():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class CorpusDataModule(LightningDataModule):
@@ -265,7 +252,8 @@ class CorpusDataModule(LightningDataModule):
         if not (directory / "tokenizer.json").is_file():
             rank_zero_info(f"training a {self.bpe_vocab_size}-token byte-level BPE on the train split")
             tokenizer = train_bpe(iter(text for _, text in documents()["train"]), self.bpe_vocab_size)
-            _write_atomic(directory, tokenizer.save)
+            with atomic_directory(directory, replace=False) as tmp:  # a concurrent writer may win
+                tokenizer.save(tmp)
         return directory
 
     def _encode_split(self, tokenizer: Tokenizer, split: str, docs: list[tuple[str, str]]) -> np.ndarray:
@@ -288,7 +276,7 @@ class CorpusDataModule(LightningDataModule):
         documents = cache(lambda: self._documents(root))
         tokenizer_dir = self._tokenizer_dir(fingerprint, documents)
         tokenizer = Tokenizer.load(tokenizer_dir)
-        tokenizer_hash = hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest()
+        tokenizer_hash = sha256_file(tokenizer_dir / "tokenizer.json")
         key = _sha256(f"{fingerprint}:{tokenizer_hash}:{self.block_size}")[:24]
         directory = self.cache_dir / "blocks" / key
         self.cache_hit = (directory / "meta.json").is_file()
@@ -302,7 +290,8 @@ class CorpusDataModule(LightningDataModule):
                     meta["splits"][split] = {"documents": [k for k, _ in docs], "blocks": len(blocks)}
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
-            _write_atomic(directory, write)
+            with atomic_directory(directory, replace=False) as tmp:
+                write(tmp)
         meta = json.loads((directory / "meta.json").read_text())
         arrays = {split: np.load(directory / f"{split}.npy", mmap_mode="r") for split in SPLITS}
         return tokenizer, meta, arrays

@@ -16,7 +16,6 @@ sampling configuration in a cache folder, grown to what a prompt set takes from 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
+from warpdecode.io import content_key
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
 from warpdecode.progress import ProgressLines
@@ -176,7 +176,7 @@ class SelfChatSource:
     def path(self) -> Path:
         settings = [VERSION, self.fingerprint, self.seed, self.batch_size, self.temperature, self.top_p,
                     self.max_new_tokens]
-        return self.directory / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:24]}.jsonl"
+        return self.directory / f"{content_key(settings)}.jsonl"  # a list: the key it had before sort_keys
 
     def prompts(self, count: int) -> list[DistillPrompt]:
         """The first `count` user turns, sampling the ones the cache file lacks."""

@@ -28,9 +28,7 @@ tokens x C x 2 bytes: about 0.35 GB for 1024 prompts of 300 tokens with C = 576)
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
-import os
 import random
 import sys
 import sysconfig
@@ -38,7 +36,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -62,6 +60,7 @@ from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import encode_prompt, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
+from warpdecode.io import atomic_file, content_key
 from warpdecode.models.checkpoint import cache_dir as warpdecode_cache_dir
 from warpdecode.models.checkpoint import load_pretrained, resolve
 from warpdecode.models.identity import model_fingerprint
@@ -169,7 +168,7 @@ def write_jsonl_prompts(path: Path, prompts: Sequence[DistillPrompt]) -> None:
     the same texts back, so the file gives the same train/val split and finds the same cached answers."""
     lines = [json.dumps({"messages": [{"role": role, "content": content} for role, content in p.messages]},
                         ensure_ascii=False) + "\n" for p in prompts]
-    _write_atomic(path, lambda f: f.write("".join(lines).encode()))
+    atomic_file(path, lambda f: f.write("".join(lines).encode()))
 
 
 def check_source(source: str) -> None:
@@ -260,10 +259,6 @@ def load_prompts(sources: list[str], max_prompts: int, seed: int, self_chat: Sel
 # ---- generation and cache -------------------------------------------------------------------------
 
 
-def _sha(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:24]
-
-
 def _stamp(path: Path) -> list[Any]:
     stat = path.stat()
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
@@ -282,26 +277,17 @@ def _source_stamp(source: str) -> list[Any]:
     return _stamp(Path(source))
 
 
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """`write(file)` into a temporary sibling, then rename it over `path` (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        write(f)
-    os.replace(tmp, path)
-
-
 def _write_json(path: Path, value: Any) -> None:
-    _write_atomic(path, lambda f: f.write((json.dumps(value, indent=1) + "\n").encode()))
+    atomic_file(path, lambda f: f.write((json.dumps(value, indent=1) + "\n").encode()))
 
 
 def _save_chunk(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    _write_atomic(path, lambda f: np.savez(f, allow_pickle=False, **arrays))
+    atomic_file(path, lambda f: np.savez(f, allow_pickle=False, **arrays))
 
 
 def example_id(key: str, prompt_ids: Sequence[int]) -> str:
     """What names one cached answer: the prompt's split key and its token ids."""
-    return _sha([key, [int(t) for t in prompt_ids]])
+    return content_key([key, [int(t) for t in prompt_ids]])
 
 
 def index_chunks(directory: Path) -> dict[str, tuple[str, int]]:
@@ -510,7 +496,7 @@ class SelfDistillDataModule(LightningDataModule):
     def _run_key(self) -> str:
         """Hash of the configuration and the stamps of its input files: finds a finished cache cheaply."""
         files = sorted(p for p in resolve(self.target).iterdir() if p.is_file())
-        return _sha({
+        return content_key({
             "version": CACHE_VERSION, "target": [_stamp(p) for p in files],
             "sources": [_source_stamp(s) for s in self.prompt_sources], "max_prompts": self.max_prompts,
             "seed": self.seed, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length,
@@ -548,12 +534,12 @@ class SelfDistillDataModule(LightningDataModule):
             rank_zero_warn(f"skipping {len(prompts) - len(kept)} of {len(prompts)} prompts: empty or longer "
                            f"than {limit - 1} tokens")
         stop_ids = stop_token_ids(model, tokenizer)
-        directory = self.cache_dir / "data" / _sha({
+        directory = self.cache_dir / "data" / content_key({
             "version": CACHE_VERSION, "target": fingerprint, "stop_ids": sorted(stop_ids),
             "max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "features": self.features,
         })
         wanted = [example_id(p.key, tokens) for p, tokens in kept]
-        manifest = directory / f"set-{_sha(wanted)}.json"
+        manifest = directory / f"set-{content_key(wanted)}.json"
         if _complete(manifest):
             return manifest
         index = index_chunks(directory) if directory.is_dir() else {}
@@ -570,7 +556,7 @@ class SelfDistillDataModule(LightningDataModule):
                 batch_ids = [example_id(p.key, tokens) for p, tokens in batch]
                 budgets = [min(self.max_new_tokens, limit - len(tokens)) for _, tokens in batch]
                 chunk = generate_chunk(model, batch, budgets=budgets, stop_ids=stop_ids, features=self.features)
-                name = f"chunk-{_sha(batch_ids)}.npz"
+                name = f"chunk-{content_key(batch_ids)}.npz"
                 _save_chunk(directory / name, chunk)
                 index.update({i: (name, row) for row, i in enumerate(batch_ids)})
                 new_tokens += len(chunk["tokens"]) - int(chunk["prompt_lengths"].sum())

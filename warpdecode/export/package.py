@@ -29,7 +29,6 @@ file or the manifest field. Nothing in a package is executed; weights are read a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -61,6 +60,7 @@ from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, ex
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
 from warpdecode.export.step_graph import check_hidden_layers
+from warpdecode.io import sha256_file
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.drafter_package import META_FILE, WEIGHTS_FILE, DrafterPackage
@@ -82,7 +82,6 @@ PORTABLE_BACKEND = "onnxruntime-portable"
 """ONNX Runtime on the portable step graph even where the package has the fused one (what other
 runtimes and execution providers run; lossless like the fused graph)."""
 BACKENDS = ("torch", "onnxruntime", PORTABLE_BACKEND, *LOSSY_BACKENDS)
-HASH_CHUNK = 1 << 22
 
 
 def onnxruntime_load_errors() -> tuple[type[Exception], ...]:
@@ -92,16 +91,8 @@ def onnxruntime_load_errors() -> tuple[type[Exception], ...]:
     return state.Fail, state.InvalidGraph, state.NotImplemented, state.InvalidArgument
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _file_table(directory: Path) -> dict[str, dict[str, Any]]:
-    return {p.relative_to(directory).as_posix(): {"sha256": sha256_of(p), "bytes": p.stat().st_size}
+    return {p.relative_to(directory).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
@@ -130,7 +121,7 @@ def export_package(
             full-precision graph (`export.accuracy`).
         on_start: called once the arguments are checked, as the export starts (a progress line).
     """
-    from warpdecode.models.checkpoint import atomic_directory
+    from warpdecode.io import atomic_directory
 
     out = Path(out)
     fingerprint = model.fingerprint()
@@ -245,7 +236,7 @@ class InferencePackage:
             if size != entry["bytes"]:
                 raise PackageIntegrityError(f"{directory}: {name} has {size} bytes, the manifest says {entry['bytes']} "
                                             f"(truncated or replaced)")
-            if sha256_of(file) != entry["sha256"]:
+            if sha256_file(file) != entry["sha256"]:
                 raise PackageIntegrityError(f"{directory}: {name} does not match its sha256 in the manifest "
                                             f"(modified after export)")
         package.verified = frozenset(manifest["files"])

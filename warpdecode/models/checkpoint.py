@@ -10,10 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from warpdecode.errors import CheckpointError, ConfigError, one_line
+from warpdecode.io import atomic_directory
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf import read_gguf
 from warpdecode.models.importers.hf import (
@@ -42,22 +39,6 @@ MAX_CONFIG_BYTES = 16 << 20
 
 def cache_dir() -> Path:
     return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode"))
-
-
-@contextmanager
-def atomic_directory(directory: Path) -> Iterator[Path]:
-    """A temporary sibling folder to write into; when the block ends without error it replaces
-    `directory`, so a half-written directory never appears (an error removes the temporary folder)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
-    try:
-        yield tmp
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def write_checkpoint(

@@ -27,8 +27,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from warpdecode.errors import CheckpointError
+from warpdecode.io import atomic_directory
 from warpdecode.models.backbone import Backbone
-from warpdecode.models.checkpoint import atomic_directory
 
 FORMAT = "warpdecode-drafter"
 VERSION = 1
