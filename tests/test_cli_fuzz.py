@@ -466,7 +466,11 @@ def test_cli_case_ends_cleanly(case_id: str, expect: str, fuzz_results: dict[str
 
 
 def test_every_flag_of_every_command_is_fuzzed() -> None:
-    """The flag cases follow the signatures: every typed keyword flag gets its wrong-type values."""
+    """The flag cases follow the signatures: every command is here, and every typed keyword flag gets its
+    wrong-type values."""
+    from warpdecode.cli import command_functions
+
+    assert set(COMMANDS) == {f.__name__ for f in command_functions()}
     fuzzed = {case_id.split("=")[0] for case_id, _, _ in flag_cases()}
     for name, (function, _, _) in COMMANDS.items():
         hints = typing.get_type_hints(function)

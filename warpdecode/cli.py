@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
 
@@ -26,6 +27,15 @@ def _normalise_flags(argv: list[str]) -> list[str]:
     return out
 
 
+def command_functions() -> list[Callable[..., None]]:
+    """The commands besides fit/validate/test, in `--help` order: each function's signature and docstring
+    are its flags and their help."""
+    from warpdecode import commands
+
+    return [commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
+            commands.prompts, commands.self_chat]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     import torch
@@ -39,7 +49,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from jsonargparse import CLI, ArgumentParser, set_parsing_settings
 
-    from warpdecode import commands
     from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError, one_line
 
     class Parser(OneLineArgumentErrors, ArgumentParser):
@@ -47,9 +56,7 @@ def main(argv: list[str] | None = None) -> None:
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     try:
-        CLI([commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
-             commands.prompts, commands.self_chat], args=_normalise_flags(argv), as_positional=True,
-            parser_class=Parser)
+        CLI(command_functions(), args=_normalise_flags(argv), as_positional=True, parser_class=Parser)
     except WarpdecodeError as e:
         print(f"error: {one_line(e, 2000)}", file=sys.stderr)  # one line, whatever the message holds
         sys.exit(2)

@@ -87,6 +87,13 @@ def generate(
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
+    A masked diffusion LM (a bidirectional --model) decodes its answer in parallel instead: --method
+    names a commit policy (default fixed, one token per step; `warpdecode methods` lists them),
+    --method-options its options plus block_length (8), eot_stop and kv_cache (none, prefix or
+    dual: Fast-dLLM's approximate reuse of keys/values within a block), --max-new-tokens is the
+    answer region, and --temperature (with --seed) samples each step's candidates: `warpdecode
+    generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold`.
+
     Args:
         model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
@@ -118,12 +125,6 @@ def generate(
             default, or the method a package was exported with).
         method_options: the drafter's options as JSON, e.g. '{"layers": 10}' for draft_model.
 
-    A masked diffusion LM (a bidirectional --model) decodes its answer in parallel instead: --method
-    names a commit policy (default fixed, one token per step; `warpdecode methods` lists them),
-    --method-options its options plus block_length (8), eot_stop and kv_cache (none, prefix or
-    dual: Fast-dLLM's approximate reuse of keys/values within a block), --max-new-tokens is the
-    answer region, and --temperature (with --seed) samples each step's candidates: `warpdecode
-    generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold`.
         verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
         verifier_options: the verifier's options as JSON.
         controller: draft budget per step: fixed, or adaptive (grows while drafts are accepted).
