@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check warpdecode tests
 	$(VENV)/bin/mypy warpdecode
 	WANDB_MODE=offline $(PY) -m pytest -q --durations=15
 
