@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.transformer import BackboneOutput
 
 MASK, EOS, V = 1, 0, 16
 

@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import CapabilityError, PackageIntegrityError
+from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.transformer import BackboneOutput, Transformer, default_new_mask, new_token_mask
+from warpdecode.models.transformer import Transformer, default_new_mask, new_token_mask
 
 NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32,
                 torch.bool: np.bool_}

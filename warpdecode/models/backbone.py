@@ -8,6 +8,7 @@ states, reading and appending to the same `KVCache`; decoding code never knows w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor, nn
@@ -16,7 +17,15 @@ from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 
 if TYPE_CHECKING:
-    from warpdecode.models.transformer import BackboneOutput, Transformer
+    from warpdecode.models.transformer import Transformer
+
+
+@dataclass
+class BackboneOutput:
+    logits: Tensor  # (B, T, V) float
+    hidden_states: dict[int, Tensor] = field(default_factory=dict)
+    """Layer index → (B, T, C). Index i < L is the residual stream after i blocks (0 = embeddings);
+    index L is the final normed output that feeds the LM head (the Hugging Face convention)."""
 
 
 class Backbone(Protocol):

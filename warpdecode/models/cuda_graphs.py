@@ -28,9 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import CapabilityError
+from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.transformer import BackboneOutput, Transformer, default_new_mask, new_token_mask
+from warpdecode.models.transformer import Transformer, default_new_mask, new_token_mask
 
 CUDA_GRAPHS = "cudagraphs"
 """The backend name (`--backend cudagraphs`, `--backends torch,cudagraphs`): --model on --device cuda."""

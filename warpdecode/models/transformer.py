@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -17,18 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.identity import model_fingerprint
 from warpdecode.models.packed_linear import FusedLinear, Linear, PackedWeight, linear
-
-
-@dataclass
-class BackboneOutput:
-    logits: Tensor  # (B, T, V) float
-    hidden_states: dict[int, Tensor] = field(default_factory=dict)
-    """Layer index → (B, T, C). Index i < L is the residual stream after i blocks (0 = embeddings);
-    index L is the final normed output that feeds the LM head (the Hugging Face convention)."""
 
 
 class RMSNorm(nn.Module):
