@@ -22,6 +22,7 @@ from tiny_models import (
     save_tiny_model,
 )
 
+from warpdecode.export.package import export_package
 from warpdecode.models.checkpoint import save_pretrained
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.transformer import Transformer
@@ -98,3 +99,14 @@ def dlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("dlm") / "model"
     save_pretrained(model, tokenizer, directory)
     return directory
+
+
+# One dynamo export costs ~15 s even for a tiny model: the export and runtime tests share this package.
+@pytest.fixture(scope="session")
+def tiny_package(tmp_path_factory, drafter_options) -> Path:
+    """`greedy_target()` exported with hidden states 1 and 3 (its final one: those its EAGLE fuses), its untrained EAGLE,
+    Medusa, Hydra, distilled and Clover drafters, and int8 and int4 graphs; no tokenizer."""
+    drafters = [drafter_options[kind]["path"] for kind in ("eagle", "medusa", "hydra", "distilled", "clover")]
+    return export_package(greedy_target(), None, tmp_path_factory.mktemp("pkg") / "tiny", source="greedy_target",
+                          drafters=drafters, generation={"method": "hydra"},
+                          quantize=("int8", "int4"))

@@ -222,7 +222,7 @@ def _load_target(model: str | None, package: Path | None, backend: str, device: 
 
     precision = torch_dtype(dtype)
     if package is None:
-        from warpdecode.models.cuda_graphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
+        from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 
         if backend not in MODEL_BACKENDS:
             raise ConfigError(f"--backend {backend} runs an exported package: add --package DIR "

@@ -197,7 +197,7 @@ def test_cudagraphs_rows_run_beside_torch(tiny_model_dir, monkeypatch):
     """`--backends torch,cudagraphs` adds METHOD@cudagraphs rows, checked for identity with plain greedy
     (the static step runs eagerly here: capture needs a GPU, tests/decoding/test_cuda.py)."""
     from warpdecode.bench import harness
-    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+    from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
     monkeypatch.setattr(harness, "CudaGraphBackbone", lambda model: CudaGraphBackbone(model, graphs=False))
     config = BenchConfig(model=str(tiny_model_dir), backends="torch,cudagraphs", max_new_tokens=6, peers="none",

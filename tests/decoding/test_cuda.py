@@ -54,7 +54,7 @@ def test_spectr_draws_on_cuda(target):
 
 @pytest.mark.parametrize("name", sorted(set(registry.names("drafter")) - CPU_ONLY))
 def test_greedy_identity_through_cuda_graphs(target, name, drafter_options):
-    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+    from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
     backbone = CudaGraphBackbone(target)
     out = generate(backbone, None, PROMPTS[0], max_new_tokens=24, stop_at_eos=False,
@@ -66,7 +66,7 @@ def test_greedy_identity_through_cuda_graphs(target, name, drafter_options):
 def test_graph_replays_equal_the_eager_static_step(target):
     """Two steps through captured graphs give the logits the same static step gives eagerly."""
     from warpdecode.models.cache import KVCache
-    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+    from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
     outputs = []
     for graphs in (True, False):
@@ -82,7 +82,7 @@ def test_graph_replays_equal_the_eager_static_step(target):
 def test_graphs_replay_across_generations(target):
     """The second generation on the same backend replays the first one's graphs: the engine's cache
     comes from `new_cache`, the same buffers each time."""
-    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+    from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
     backbone, method = CudaGraphBackbone(target), build_method("prompt_lookup")
     for prompt in PROMPTS:
@@ -103,7 +103,7 @@ def half_target():
 def test_greedy_identity_in_bf16_on_cuda(half_target, backend, name, drafter_options):
     """bf16 on the GPU (`--dtype bf16`): every drafter reproduces plain greedy decoding in the same
     precision on the same backend (docs/metrics.md); learned drafters run from their fp32 packages."""
-    from warpdecode.models.cuda_graphs import CudaGraphBackbone
+    from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
     target = CudaGraphBackbone(half_target) if backend == "cudagraphs" else half_target
     plain = generate(target, None, PROMPTS[1], max_new_tokens=24, stop_at_eos=False).token_ids

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 RUNTIME_MODULES = ["warpdecode.cli", "warpdecode.commands", "warpdecode.decoding.generate", "warpdecode.decoding.registry",
-                   "warpdecode.bench.harness", "warpdecode.export.package", "warpdecode.export.onnxruntime_backend",
+                   "warpdecode.bench.harness", "warpdecode.export.package", "warpdecode.runtime.onnxruntime",
                    "warpdecode.export.regression"]
 TRAINING_ONLY = ["lightning", "pytorch_lightning", "torchmetrics", "wandb", "transformers"]
 

@@ -30,10 +30,10 @@ from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
-from warpdecode.models.cuda_graphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 from warpdecode.models.device import torch_device, torch_dtype
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
+from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 
 PEERS = ("auto", "transformers", "none")
 TRANSFORMERS = "transformers"

@@ -47,7 +47,6 @@ from warpdecode.export.onnx_graph import (
     external_data_locations,
     quiet_exporter,
 )
-from warpdecode.export.onnxruntime_backend import open_session, run_step_graph
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
@@ -55,6 +54,7 @@ from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.eagle import EagleNet
 from warpdecode.models.medusa import FutureHeads, HydraHeads
 from warpdecode.models.transformer import new_token_mask
+from warpdecode.runtime.onnxruntime import open_session, run_step_graph
 
 MEDUSA_GRAPH = "heads.onnx"
 EAGLE_GRAPHS = ("eagle_layer.onnx", "eagle_head.onnx")

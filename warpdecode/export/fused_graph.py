@@ -29,7 +29,7 @@ Its weights are the generic graph's: every initializer points into the same exte
              hidden_j (B, T, C) per exported hidden layer j.
 
 ONNX Runtime's GroupQueryAttention takes more than one new position against a filled cache only for
-one row at a time (B = 1); the runtime (`onnxruntime_backend`) runs such batches row by row.
+one row at a time (B = 1); the runtime (`runtime.onnxruntime`) runs such batches row by row.
 """
 
 from __future__ import annotations

@@ -58,7 +58,6 @@ from warpdecode.export.manifest import (
 )
 from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
 from warpdecode.export.onnx_graph import quantize as quantize_graph
-from warpdecode.export.onnxruntime_backend import OnnxRuntimeBackbone
 from warpdecode.export.step_graph import check_hidden_layers
 from warpdecode.io import sha256_file
 from warpdecode.models.backbone import Backbone
@@ -66,6 +65,7 @@ from warpdecode.models.config import ModelConfig
 from warpdecode.models.drafter_package import META_FILE, WEIGHTS_FILE, DrafterPackage
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
+from warpdecode.runtime.onnxruntime import OnnxRuntimeBackbone
 
 GRAPH = "backbone.onnx"
 GRAPH_KINDS = ("medusa", "hydra", "eagle", "distilled", "clover")

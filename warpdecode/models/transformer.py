@@ -400,7 +400,7 @@ class Transformer(nn.Module):
     def forward_static(self, tokens: Tensor, positions: Tensor, start: Tensor, new_mask: Tensor, cache: KVCache,
                        hidden_layers: Sequence[int] = (), inputs_embeds: Tensor | None = None) -> BackboneOutput:
         """`forward` with shapes and addresses that do not change from step to step, so that one CUDA
-        graph can replay it (`models.cuda_graphs`): keys and values go to the slots `start + arange(T)`
+        graph can replay it (`runtime.cudagraphs`): keys and values go to the slots `start + arange(T)`
         given by a device tensor, attention reads the whole cache under `cache_attention_mask`, and
         nothing syncs with the host. Checks nothing and leaves `cache.lengths` to the caller.
 

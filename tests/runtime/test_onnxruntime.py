@@ -117,7 +117,7 @@ def test_unavailable_execution_provider_is_refused(tiny_package):
 def test_chunked_prefill_matches_one_forward(backbones, monkeypatch):
     """Long causal forwards run in chunks (and from COPY_PREFIX_ROWS rows attend to a copied prefix):
     same logits, hidden states and cache as the PyTorch forward."""
-    from warpdecode.export import onnxruntime_backend
+    from warpdecode.runtime import onnxruntime as onnxruntime_backend
 
     monkeypatch.setattr(onnxruntime_backend, "PREFILL_CHUNK", 4)
     monkeypatch.setattr(onnxruntime_backend, "COPY_PREFIX_ROWS", 3)

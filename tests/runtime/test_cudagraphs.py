@@ -10,7 +10,7 @@ from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.cache import KVCache
-from warpdecode.models.cuda_graphs import CudaGraphBackbone, padded_mask, padded_width
+from warpdecode.runtime.cudagraphs import CudaGraphBackbone, padded_mask, padded_width
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
