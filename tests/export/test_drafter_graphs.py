@@ -10,7 +10,9 @@ from tiny_models import greedy_target
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.export.drafter_graphs import (
+from warpdecode.export.package import InferencePackage
+from warpdecode.models.cache import KVCache
+from warpdecode.runtime.onnx_drafters import (
     CLOVER_GRAPHS,
     DISTILLED_GRAPH,
     EAGLE_GRAPHS,
@@ -21,8 +23,6 @@ from warpdecode.export.drafter_graphs import (
     OnnxHeads,
     hydra_graph,
 )
-from warpdecode.export.package import InferencePackage
-from warpdecode.models.cache import KVCache
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

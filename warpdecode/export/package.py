@@ -43,7 +43,6 @@ import torch
 import warpdecode
 from warpdecode.decoding import registry
 from warpdecode.errors import CapabilityError, ConfigError, PackageIntegrityError, one_line
-from warpdecode.export import onnx_graph
 from warpdecode.export.accuracy import compare_models
 from warpdecode.export.drafter_graphs import export_drafter_graphs
 from warpdecode.export.embeds_graph import write_embeds_graph
@@ -56,7 +55,7 @@ from warpdecode.export.manifest import (
     short_name,
     validate_manifest,
 )
-from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, WEIGHT_PREFIX, export_step_graph, read_weights
+from warpdecode.export.onnx_graph import OPSET, QUANTIZATIONS, export_step_graph
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.step_graph import check_hidden_layers
 from warpdecode.io import sha256_file
@@ -65,6 +64,7 @@ from warpdecode.models.config import ModelConfig
 from warpdecode.models.drafter_package import META_FILE, WEIGHTS_FILE, DrafterPackage
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
+from warpdecode.runtime.onnx_weights import WEIGHT_PREFIX, external_data_locations, read_weights
 from warpdecode.runtime.onnxruntime import OnnxRuntimeBackbone
 
 GRAPH = "backbone.onnx"
@@ -294,7 +294,7 @@ class InferencePackage:
         verified = {(self.directory / name).resolve() for name in self.verified}
         for name in sorted(n for n in self.verified if n.endswith(".onnx")):
             graph = self.directory / name
-            for location in sorted(onnx_graph.external_data_locations(graph)):
+            for location in sorted(external_data_locations(graph)):
                 # ONNX Runtime joins the location to the graph's directory: as named, and once resolved
                 places = {(graph.parent / location).resolve(), (graph.resolve().parent / location).resolve()}
                 if not location or not places <= verified:

@@ -25,10 +25,10 @@ from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, f
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.export.drafter_graphs import OnnxClover
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
+from warpdecode.runtime.onnx_drafters import OnnxClover
 
 
 @register("drafter", "clover")

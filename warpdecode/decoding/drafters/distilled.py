@@ -24,13 +24,13 @@ from warpdecode.decoding.drafters.draft_model import DraftModel
 from warpdecode.decoding.drafters.learned import load_package_net, to_target_vocab
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
-from warpdecode.export.drafter_graphs import OnnxDistilled
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.quantized import Bits, quantized_copy
 from warpdecode.models.transformer import Transformer
+from warpdecode.runtime.onnx_drafters import OnnxDistilled
 
 
 def build_distilled(target: Backbone, config: dict[str, Any]) -> DistilledDraftNet:

@@ -25,10 +25,10 @@ from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.export.drafter_graphs import OnnxEagle
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.eagle import EagleNet
+from warpdecode.runtime.onnx_drafters import OnnxEagle
 
 
 def ancestor_mask(parents: list[int]) -> Tensor:

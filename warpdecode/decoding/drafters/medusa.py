@@ -27,9 +27,9 @@ from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, f
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.export.drafter_graphs import OnnxHeads
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
+from warpdecode.runtime.onnx_drafters import OnnxHeads
 
 HeadsT = TypeVar("HeadsT", bound=FutureHeads)
 
