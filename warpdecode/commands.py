@@ -236,7 +236,7 @@ def _load_target(model: str | None, package: Path | None, backend: str, device: 
     if precision != torch.float32:
         raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
                               f"use --model for half precision")
-    from warpdecode.export.package import InferencePackage
+    from warpdecode.runtime.package import InferencePackage
 
     loaded = InferencePackage.load(package)
     return (loaded.backbone(backend, device=device, threads=threads), loaded.tokenizer(), loaded.drafter_options(),
@@ -276,8 +276,9 @@ def export(
 
     from warpdecode.decoding import registry
     from warpdecode.errors import ConfigError
-    from warpdecode.export.package import InferencePackage, export_package
+    from warpdecode.export.package import export_package
     from warpdecode.models.checkpoint import load_pretrained
+    from warpdecode.runtime.package import InferencePackage
 
     _check_output_directory(out, "export's output")
     if method is not None:
@@ -337,7 +338,7 @@ def regress(
     """
     from warpdecode.errors import ConfigError
     from warpdecode.export import regression
-    from warpdecode.export.package import InferencePackage
+    from warpdecode.runtime.package import InferencePackage
 
     if (record is None) == (check is None):
         raise ConfigError("give exactly one of --record FILE or --check FILE")
@@ -587,7 +588,7 @@ def bench(
         _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
         return
     if package is not None:
-        from warpdecode.export.package import InferencePackage
+        from warpdecode.runtime.package import InferencePackage
 
         if not InferencePackage.load(package).config.causal:
             raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "

@@ -11,8 +11,9 @@ import torch
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.decoding.diffusion.policies.threshold import ThresholdCommit
-from warpdecode.export.package import InferencePackage, export_package
+from warpdecode.export.package import export_package
 from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -10,7 +10,6 @@ from tiny_models import greedy_target
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.export.package import InferencePackage
 from warpdecode.models.cache import KVCache
 from warpdecode.runtime.onnx_drafters import (
     CLOVER_GRAPHS,
@@ -23,6 +22,7 @@ from warpdecode.runtime.onnx_drafters import (
     OnnxHeads,
     hydra_graph,
 )
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -10,8 +10,9 @@ from tiny_models import greedy_target, naive_greedy, random_model
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.export.embeds_graph import write_embeds_graph
-from warpdecode.export.package import InferencePackage, export_package
+from warpdecode.export.package import export_package
 from warpdecode.models.cache import KVCache
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -11,8 +11,8 @@ from tiny_models import greedy_target
 
 from warpdecode.errors import ConfigError
 from warpdecode.export.fused_graph import FUSED_GRAPH, fused_graph_supported, rotary_tables, write_fused_graph
-from warpdecode.export.package import GRAPH, InferencePackage
 from warpdecode.runtime.onnxruntime import attention_bias
+from warpdecode.runtime.package import GRAPH, InferencePackage
 
 
 def naive_attention_bias(start: list[int], T: int, new_mask: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,10 @@ from tiny_models import eagle_package, greedy_target, random_model
 
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError, ConfigError, PackageIntegrityError
-from warpdecode.export.package import FORMAT_VERSION, InferencePackage, export_package
+from warpdecode.export.package import export_package
 from warpdecode.io import sha256_file
+from warpdecode.runtime.manifest import FORMAT_VERSION
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,11 +13,11 @@ from tiny_models import greedy_target
 
 from warpdecode.cli import main
 from warpdecode.errors import CheckpointError, PackageIntegrityError
-from warpdecode.export.package import InferencePackage
 from warpdecode.io import sha256_file
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.runtime.onnx_drafters import OnnxHeads
 from warpdecode.runtime.onnxruntime import OnnxRuntimeBackbone
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -6,7 +6,8 @@ import torch
 from tiny_models import eagle_package, heads_package
 
 from warpdecode.decoding.generate import build_method, generate
-from warpdecode.export.package import InferencePackage, export_package
+from warpdecode.export.package import export_package
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.slow
 

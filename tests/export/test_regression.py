@@ -6,7 +6,7 @@ import pytest
 
 from warpdecode.errors import ConfigError
 from warpdecode.export import regression
-from warpdecode.export.package import InferencePackage
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

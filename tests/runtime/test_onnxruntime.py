@@ -9,8 +9,8 @@ from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import CapabilityError
-from warpdecode.export.package import InferencePackage
 from warpdecode.models.cache import KVCache
+from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

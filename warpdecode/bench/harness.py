@@ -27,13 +27,13 @@ from warpdecode.decoding.engine import Method
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
-from warpdecode.export.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
 from warpdecode.models.device import torch_device, torch_dtype
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
+from warpdecode.runtime.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
 
 PEERS = ("auto", "transformers", "none")
 TRANSFORMERS = "transformers"

@@ -24,6 +24,7 @@ from warpdecode.errors import ConfigError
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.transformer import Transformer
 from warpdecode.runtime.onnx_weights import WEIGHT_PREFIX
+from warpdecode.runtime.package import QUANTIZATIONS
 
 OPSET = 18
 
@@ -181,13 +182,6 @@ def quiet_exporter() -> Iterator[None]:
         yield
     finally:
         logging.disable(logging.NOTSET)
-
-
-QUANTIZATIONS = ("int8", "int4")
-"""int8: dynamic quantisation (int8 weights per output channel, activations quantised per tensor on
-the fly: the fastest, but a row's logits depend on the other rows of its forward, so a verify
-forward is not exactly the one-token step). int4: weight-only (`MatMulNBits`, asymmetric, blocks of
-32; activations stay fp32, so a row's logits do not depend on the others; the LM head stays fp32)."""
 
 
 def quantize(graph: Path, out: Path, kind: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
-from warpdecode.export.package import InferencePackage
+from warpdecode.runtime.package import InferencePackage
 
 FORMAT = "warpdecode-regression"
 Prompt = str | list[int]

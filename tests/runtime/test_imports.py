@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 RUNTIME_MODULES = ["warpdecode.cli", "warpdecode.commands", "warpdecode.decoding.generate", "warpdecode.decoding.registry",
-                   "warpdecode.bench.harness", "warpdecode.export.package", "warpdecode.runtime.onnxruntime",
+                   "warpdecode.bench.harness", "warpdecode.export.package", "warpdecode.runtime.package",
+                   "warpdecode.runtime.onnxruntime", "warpdecode.runtime.cudagraphs", "warpdecode.runtime.onnx_drafters",
                    "warpdecode.export.regression"]
 TRAINING_ONLY = ["lightning", "pytorch_lightning", "torchmetrics", "wandb", "transformers"]
 
