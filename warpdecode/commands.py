@@ -216,31 +216,13 @@ def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: st
 def _load_target(model: str | None, package: Path | None, backend: str, device: str, threads: int | None,
                  dtype: str = "fp32") -> tuple[Backbone, Tokenizer | None, dict[str, dict[str, Any]], str]:
     """The backbone to run, its tokenizer, the drafter options a package supplies, and the default method."""
-    from warpdecode.errors import CapabilityError, ConfigError
-    from warpdecode.models.checkpoint import load_pretrained
-    from warpdecode.models.device import torch_device, torch_dtype
+    from warpdecode.runtime.load import load_backbones, open_package
 
-    precision = torch_dtype(dtype)
-    if package is None:
-        from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
-
-        if backend not in MODEL_BACKENDS:
-            raise ConfigError(f"--backend {backend} runs an exported package: add --package DIR "
-                              f"(make one with `warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
-        pretrained, tokenizer = load_pretrained(DEFAULT_MODEL if model is None else model, device=torch_device(device),
-                                                dtype=precision)
-        target: Backbone = CudaGraphBackbone(pretrained) if backend == CUDA_GRAPHS else pretrained
-        return target, tokenizer, {}, "none"
-    if model is not None:
-        raise ConfigError("give --model or --package, not both")
-    if precision != torch.float32:
-        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
-                              f"use --model for half precision")
-    from warpdecode.runtime.package import InferencePackage
-
-    loaded = InferencePackage.load(package)
-    return (loaded.backbone(backend, device=device, threads=threads), loaded.tokenizer(), loaded.drafter_options(),
-            loaded.generation.get("method", "none"))
+    loaded = open_package(package)
+    backbones, tokenizer = load_backbones(model, loaded, [backend], device=device, dtype=dtype, threads=threads)
+    if loaded is None:
+        return backbones[backend], tokenizer, {}, "none"
+    return backbones[backend], tokenizer, loaded.drafter_options(), loaded.generation.get("method", "none")
 
 
 def export(

@@ -196,10 +196,10 @@ def test_the_tree_size_auto_chose_is_reported_beside_its_row(tiny_model_dir, tmp
 def test_cudagraphs_rows_run_beside_torch(tiny_model_dir, monkeypatch):
     """`--backends torch,cudagraphs` adds METHOD@cudagraphs rows, checked for identity with plain greedy
     (the static step runs eagerly here: capture needs a GPU, tests/decoding/test_cuda.py)."""
-    from warpdecode.bench import harness
+    from warpdecode.runtime import load
     from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
-    monkeypatch.setattr(harness, "CudaGraphBackbone", lambda model: CudaGraphBackbone(model, graphs=False))
+    monkeypatch.setattr(load, "CudaGraphBackbone", lambda model: CudaGraphBackbone(model, graphs=False))
     config = BenchConfig(model=str(tiny_model_dir), backends="torch,cudagraphs", max_new_tokens=6, peers="none",
                          warmup_tokens=0)
     prompts = [BenchPrompt("a", "x", "for i in range(10): for i in", False)]

@@ -28,16 +28,14 @@ from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
-from warpdecode.models.checkpoint import load_pretrained, resolve, save_pretrained
+from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.device import torch_device, torch_dtype
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.models.tokenizer import Tokenizer
-from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
-from warpdecode.runtime.package import BACKENDS, LOSSY_BACKENDS, InferencePackage
+from warpdecode.runtime.load import TORCH, load_backbones, open_package, parse_backends
+from warpdecode.runtime.package import LOSSY_BACKENDS
 
 PEERS = ("auto", "transformers", "none")
 TRANSFORMERS = "transformers"
-TORCH = "torch"
 ALL = "all"
 
 
@@ -97,33 +95,6 @@ class RowInfo:
 def row_label(spec: MethodSpec, backend: str) -> str:
     """`prompt_lookup` on torch, `prompt_lookup@onnxruntime` on another backend."""
     return spec.label if backend == TORCH else f"{spec.label}@{backend}"
-
-
-def parse_backends(text: str) -> list[str]:
-    backends = [b.strip() for b in text.split(",") if b.strip()]
-    known = dict.fromkeys([*BACKENDS, *MODEL_BACKENDS])
-    unknown = [b for b in backends if b not in known]
-    if not backends or unknown:
-        raise ConfigError(f"--backends must list some of {', '.join(known)}, got {text!r}")
-    return list(dict.fromkeys(backends))
-
-
-def load_targets(config: BenchConfig, package: InferencePackage | None,
-                 backends: list[str]) -> tuple[dict[str, Backbone], Tokenizer | None]:
-    """The model (or the package) on torch, which runs the baseline, and on every other backend."""
-    if package is None:
-        if not set(backends) <= set(MODEL_BACKENDS):
-            raise ConfigError(f"--backends {','.join(backends)} needs --package (make one with `warpdecode export`); "
-                              f"--model runs on {', '.join(MODEL_BACKENDS)}")
-        model, tokenizer = load_pretrained(resolve(config.model), device=torch_device(config.device),
-                                           dtype=torch_dtype(config.dtype))
-        targets: dict[str, Backbone] = {TORCH: model}
-        if CUDA_GRAPHS in backends:
-            targets[CUDA_GRAPHS] = CudaGraphBackbone(model)
-        return targets, tokenizer
-    if CUDA_GRAPHS in backends:
-        raise ConfigError(f"--backends {CUDA_GRAPHS} runs --model on --device cuda, not a package")
-    return {b: package.backbone(b, threads=config.threads) for b in dict.fromkeys([TORCH] + backends)}, package.tokenizer()
 
 
 @dataclass
@@ -344,7 +315,7 @@ def run_bench(
     backends = parse_backends(config.backends)
     if config.package and config.device != "cpu":
         raise ConfigError("bench --package runs on the CPU; --device cuda benchmarks --model on torch")
-    package = InferencePackage.load(config.package) if config.package else None
+    package = open_package(config.package)
     specs = parse_methods(methods if methods is not None else config.methods,
                           defaults=package.drafter_options() if package else None)
     config.methods = [s.label for s in specs]
@@ -359,7 +330,9 @@ def run_bench(
     start = time.perf_counter()
     machine = machine_info(torch_device(config.device))
     sampling = config.temperature > 0
-    backbones, tokenizer = load_targets(config, package, backends)
+    backbones, tokenizer = load_backbones(config.model if package is None else None, package,
+                                          list(dict.fromkeys([TORCH, *backends])), device=config.device,
+                                          dtype=config.dtype, threads=config.threads)
     context = backbones[TORCH].config.max_seq_len
     if tokenizer is None:
         raise ConfigError("bench needs a tokenizer; the package was exported without one")

@@ -1,0 +1,72 @@
+"""One loader for every front door: (a model | an inference package) x backends → one `Backbone` per backend.
+
+The model is loaded once and shared by its backends (torch, and `cudagraphs` replaying its steps on a GPU);
+a package opens each backend it is asked for (torch rebuilds the model from the graph's weights; the
+onnxruntime ones run its graphs). `generate` asks for one backend, `bench` for the torch baseline and the
+others beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from warpdecode.errors import CapabilityError, ConfigError
+from warpdecode.models.backbone import Backbone
+from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.device import torch_device, torch_dtype
+from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.models.tokenizer import Tokenizer
+from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
+from warpdecode.runtime.package import BACKENDS, InferencePackage
+
+TORCH = "torch"
+
+
+def parse_backends(text: str) -> list[str]:
+    """`--backends` (comma-separated) as a list without repeats; ConfigError naming the known ones."""
+    backends = [b.strip() for b in text.split(",") if b.strip()]
+    known = dict.fromkeys([*BACKENDS, *MODEL_BACKENDS])
+    unknown = [b for b in backends if b not in known]
+    if not backends or unknown:
+        raise ConfigError(f"--backends must list some of {', '.join(known)}, got {text!r}")
+    return list(dict.fromkeys(backends))
+
+
+def load_backbones(model: str | None, package: InferencePackage | None, backends: Sequence[str], *,
+                   device: str = "cpu", dtype: str = "fp32",
+                   threads: int | None = None) -> tuple[dict[str, Backbone], Tokenizer | None]:
+    """The backbone of `model` (default: the embedded default model) or of `package` on each of `backends`,
+    and its tokenizer.
+
+    Args:
+        device: where a model runs (cpu, cuda, cuda:N); a package's onnxruntime backends take it as
+            ONNX Runtime's execution provider.
+        dtype: a model's precision (`models.device.DTYPES`); a package runs in the precision it was
+            exported in.
+        threads: ONNX Runtime's intra-op threads for a package.
+    """
+    precision = torch_dtype(dtype)
+    if package is None:
+        other = [b for b in backends if b not in MODEL_BACKENDS]
+        if other:
+            raise ConfigError(f"--backend {other[0]} runs an exported package: add --package DIR (make one with "
+                              f"`warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
+        loaded, tokenizer = load_pretrained(DEFAULT_MODEL if model is None else model, device=torch_device(device),
+                                            dtype=precision)
+        return {b: CudaGraphBackbone(loaded) if b == CUDA_GRAPHS else loaded for b in backends}, tokenizer
+    if model is not None:
+        raise ConfigError("give --model or --package, not both")
+    if precision != torch.float32:
+        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
+                              f"use --model for half precision")
+    if CUDA_GRAPHS in backends:
+        raise ConfigError(f"--backend {CUDA_GRAPHS} runs --model on --device cuda, not a package")
+    return {b: package.backbone(b, device=device, threads=threads) for b in backends}, package.tokenizer()
+
+
+def open_package(path: str | Path | None) -> InferencePackage | None:
+    """The verified package at `path` (None for None)."""
+    return None if path is None else InferencePackage.load(path)
