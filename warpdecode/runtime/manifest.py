@@ -1,6 +1,6 @@
-"""The manifest of an inference package (`export.package`): its format, and the schema every manifest is
-checked against before any field of it is used (types, required keys, names that stay inside the package),
-with one-line `PackageIntegrityError`s that name the field."""
+"""The manifest of an inference package (`runtime.package` reads it, `export.package` writes it): its format,
+and the schema every manifest is checked against before any field of it is used (types, required keys,
+names that stay inside the package), with one-line `PackageIntegrityError`s that name the field."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ committed context, so nodes never see each other and no draft entry ever enters 
 Tree shapes (`tree=`): `static` (default, the tree stored with the drafter, cut with `num_nodes`;
 `auto` sizes it for this machine) and `chain` (`num_tokens`), as every packaged drafter (`learned.py`).
 On an ONNX Runtime target the network runs as the graphs exported into an inference package
-(`export.drafter_graphs.OnnxClover`) when the package has them.
+(`runtime.onnx_drafters.OnnxClover`) when the package has them.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the target's own token embedding and score only the draft vocabulary; its logits
 the target's vocabulary with -inf elsewhere, so sampled drafts carry a full-vocabulary q and every
 lossless verifier stays lossless. With `bits=4` (or 8) the network drafts from a weight-only quantised
 copy, as `int4_self` does for the whole target. On an ONNX Runtime target it runs its step graph from the inference
-package (`export.drafter_graphs.OnnxDistilled`) when the package has one.
+package (`runtime.onnx_drafters.OnnxDistilled`) when the package has one.
 """
 
 from __future__ import annotations
