@@ -97,13 +97,14 @@ def row_label(spec: MethodSpec, backend: str) -> str:
     return spec.label if backend == TORCH else f"{spec.label}@{backend}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Measurement:
-    """One generation of one row on one prompt. Metric definitions: docs/metrics.md."""
+    """One generation of one row on one prompt (built by keyword: the fields are many and alike).
+    Metric definitions: docs/metrics.md."""
 
     row: str
-    prompt_id: str
-    category: str
+    prompt_id: str = ""
+    category: str = ""
     prompt_tokens: int
     new_tokens: int
     seconds: float
@@ -118,7 +119,7 @@ class Measurement:
     prefill and the verify forwards."""
     peak_rss_mib: float | None
     """Peak RSS of the process during the call, above the RSS just before it (MiB)."""
-    identical: bool | None
+    identical: bool | None = None
     """Token-identical to `none` on this prompt; None when sampling."""
     token_ids: list[int]
     divergent: int | None = None
@@ -376,8 +377,9 @@ def run_bench(
                                                        top_k=config.top_k, top_p=config.top_p)
                 tokens, seconds, ttft, draft = peer.token_ids, peer.seconds, None, None
                 forwards, accepted, proposed, divergent = None, None, None, None
-        return Measurement(row.label, "", "", len(ids), len(tokens), seconds, ttft, forwards, accepted, proposed,
-                           draft, peak.mib, None, tokens, divergent)
+        return Measurement(row=row.label, prompt_tokens=len(ids), new_tokens=len(tokens), seconds=seconds,
+                           time_to_first_token=ttft, target_forwards=forwards, accepted=accepted, proposed=proposed,
+                           draft_seconds=draft, peak_rss_mib=peak.mib, token_ids=tokens, divergent=divergent)
 
     if config.warmup_tokens:
         for row in rows:
