@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError, one_line
 
     class Parser(OneLineArgumentErrors, ArgumentParser):
-        pass
+        """jsonargparse's parser, reporting a parsing error in one line."""
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     try:

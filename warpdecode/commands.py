@@ -556,25 +556,16 @@ def bench(
     from warpdecode.bench.report import write
     from warpdecode.errors import CapabilityError, ConfigError
     from warpdecode.models.checkpoint import read_config
-    from warpdecode.models.device import torch_dtype
+    from warpdecode.runtime.load import precision_for
 
     _check_threads(threads)
     _check_output_directory(out, "--out")
-    torch_dtype(dtype)
-    if package is not None and dtype != "fp32":
-        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
-                              f"use --model for half precision")
+    precision_for(dtype, package is not None)
     if package is None and not read_config(model).causal:
         if dtype != "fp32":
             raise CapabilityError("--dtype: the diffusion-LM bench runs in fp32")
         _bench_diffusion(model, methods, prompts, categories, limit, max_new_tokens, block_length, threads, out)
         return
-    if package is not None:
-        from warpdecode.runtime.package import InferencePackage
-
-        if not InferencePackage.load(package).config.causal:
-            raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "
-                              "(commit policies on parallel_bench); the package decodes with generate --package")
     if prompts == "parallel_bench":
         raise ConfigError("parallel_bench is for masked diffusion LMs; this model is autoregressive")
     config = BenchConfig(model=model, package=package, backends=backends, prompts=prompts or "spec_bench", categories=categories,

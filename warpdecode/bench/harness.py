@@ -255,8 +255,9 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
     """Transformers rows: greedy, then its version of each listed method that has one."""
     if config.peers == "none":
         return {}, {}
+    dtype = torch_dtype(config.dtype)
     try:
-        base = peer_lib.TransformersGenerate(model_dir, device=config.device, dtype=torch_dtype(config.dtype))
+        base = peer_lib.TransformersGenerate(model_dir, device=config.device, dtype=dtype)
     except CapabilityError as e:
         if config.peers == "auto":
             return {}, {TRANSFORMERS: str(e)}
@@ -271,7 +272,7 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
         label = f"{TRANSFORMERS}/{spec.label}"
         try:
             built[label] = peer_lib.TransformersGenerate(model_dir, model=base.model, device=config.device,
-                                                         dtype=torch_dtype(config.dtype),
+                                                         dtype=dtype,
                                                          generate_kwargs=equivalent(defaults | spec.options, model_dir))
         except (CapabilityError, OSError, ValueError) as e:
             skipped[label] = f"{type(e).__name__}: {e}"
@@ -317,6 +318,9 @@ def run_bench(
     if config.package and config.device != "cpu":
         raise ConfigError("bench --package runs on the CPU; --device cuda benchmarks --model on torch")
     package = open_package(config.package)
+    if package is not None and not package.config.causal:
+        raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "
+                          "(commit policies on parallel_bench); the package decodes with generate --package")
     specs = parse_methods(methods if methods is not None else config.methods,
                           defaults=package.drafter_options() if package else None)
     config.methods = [s.label for s in specs]

@@ -35,6 +35,16 @@ def parse_backends(text: str) -> list[str]:
     return list(dict.fromkeys(backends))
 
 
+def precision_for(dtype: str, package: bool) -> torch.dtype:
+    """The torch dtype of `--dtype`, refused for a package (which runs in the precision it was exported
+    in): checked before anything is loaded."""
+    precision = torch_dtype(dtype)
+    if package and precision != torch.float32:
+        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
+                              f"use --model for half precision")
+    return precision
+
+
 def load_backbones(model: str | None, package: InferencePackage | None, backends: Sequence[str], *,
                    device: str = "cpu", dtype: str = "fp32",
                    threads: int | None = None) -> tuple[dict[str, Backbone], Tokenizer | None]:
@@ -48,7 +58,7 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
             exported in.
         threads: ONNX Runtime's intra-op threads for a package.
     """
-    precision = torch_dtype(dtype)
+    precision = precision_for(dtype, package is not None)
     if package is None:
         other = [b for b in backends if b not in MODEL_BACKENDS]
         if other:
@@ -59,9 +69,6 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
         return {b: CudaGraphBackbone(loaded) if b == CUDA_GRAPHS else loaded for b in backends}, tokenizer
     if model is not None:
         raise ConfigError("give --model or --package, not both")
-    if precision != torch.float32:
-        raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
-                              f"use --model for half precision")
     if CUDA_GRAPHS in backends:
         raise ConfigError(f"--backend {CUDA_GRAPHS} runs --model on --device cuda, not a package")
     return {b: package.backbone(b, device=device, threads=threads) for b in backends}, package.tokenizer()
