@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check warpdecode tests
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy warpdecode
 	WANDB_MODE=offline $(PY) -m pytest -q --durations=15
 
@@ -30,6 +31,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check warpdecode tests
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy warpdecode

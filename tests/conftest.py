@@ -87,7 +87,7 @@ def drafter_options(tmp_path_factory):
 @pytest.fixture(scope="session")
 def dlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained masked diffusion LM over the verifiable tasks' characters (peaked random weights)."""
-    from warpdecode.bench.parallel_tasks import ALPHABET
+    from warpdecode.data.parallel_tasks import ALPHABET
     from warpdecode.models.tokenizer import char_tokenizer
 
     tokenizer = char_tokenizer(ALPHABET)

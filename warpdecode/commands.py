@@ -345,7 +345,7 @@ def regress(
 
 def _regression_prompts(source: str | None) -> list[str]:
     from warpdecode.bench.prompts import load_prompts
-    from warpdecode.datamodules.corpus import read_jsonl
+    from warpdecode.data.corpus import read_jsonl
 
     if source is not None and Path(source).is_file():
         return [str(row.get("prompt", row.get("text", ""))) for _, row in read_jsonl(Path(source))]

@@ -73,7 +73,7 @@ def test_the_answer_perplexity_of_a_uniform_model_is_its_vocabulary_size(dlm_dir
     import torch
 
     from warpdecode.bench.diffusion import answer_perplexity
-    from warpdecode.bench.parallel_tasks import evaluation_set
+    from warpdecode.data.parallel_tasks import evaluation_set
     from warpdecode.models.checkpoint import load_pretrained
 
     model, tokenizer = load_pretrained(dlm_dir)

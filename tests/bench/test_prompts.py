@@ -12,11 +12,11 @@ from warpdecode.bench.prompts import (
     EDIT_INSTRUCTION,
     STDLIB_MIN_LINES,
     STDLIB_PROMPT_LINES,
-    datasets_dir,
     load_prompts,
     with_typos,
 )
-from warpdecode.datamodules.corpus import CorpusDataModule, split_of
+from warpdecode.data.corpus import Corpus, split_of
+from warpdecode.data.datasets import datasets_dir
 from warpdecode.errors import ConfigError
 
 MT_BENCH = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
@@ -59,7 +59,7 @@ def test_humaneval_is_raw_completion():
 
 def test_stdlib_code_comes_only_from_held_out_files():
     prompts = load_prompts("stdlib_code")
-    corpus = CorpusDataModule(source="stdlib")
+    corpus = Corpus(source="stdlib")
     root = Path(sysconfig.get_paths()["stdlib"]).resolve()
     splits = {p.relative_to(root).as_posix(): split_of(p.relative_to(root).as_posix(), 0.05, 0.05)
               for p in corpus.source_files()}

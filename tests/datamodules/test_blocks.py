@@ -5,13 +5,13 @@ import pytest
 import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
+from warpdecode.data.corpus import cut_blocks
 from warpdecode.datamodules.blocks import (
     Batched,
     EpochShuffleSampler,
     LengthGroupedBatches,
     ResumableLoader,
     TokenBlocks,
-    cut_blocks,
 )
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from warpdecode.datamodules import corpus as corpus_module
-from warpdecode.datamodules.blocks import cut_blocks
-from warpdecode.datamodules.corpus import DEFAULT_EXCLUDE, SPLITS, CorpusDataModule, split_of
+from warpdecode.data import corpus as corpus_module
+from warpdecode.data.corpus import DEFAULT_EXCLUDE, SPLITS, cut_blocks, split_of
+from warpdecode.datamodules.corpus import CorpusDataModule
 from warpdecode.errors import ConfigError
 
 VAL, TEST = 0.2, 0.1
@@ -91,7 +91,7 @@ def test_second_setup_reads_the_cache(code_folder: Path, tmp_path: Path, monkeyp
         raise AssertionError("expected a cache hit")
 
     monkeypatch.setattr(corpus_module, "train_bpe", cache_miss)
-    monkeypatch.setattr(CorpusDataModule, "_encode_split", cache_miss)
+    monkeypatch.setattr(corpus_module, "encode_split", cache_miss)
     second = make(code_folder, tmp_path)
     second.prepare_data()
     second.setup()

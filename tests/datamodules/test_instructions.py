@@ -7,8 +7,8 @@ import struct
 import pytest
 
 from warpdecode.bench.prompts import held_out_stdlib_files
+from warpdecode.data.corpus import split_of
 from warpdecode.datamodules import instructions, self_distill
-from warpdecode.datamodules.corpus import split_of
 from warpdecode.datamodules.instructions import catalog_sentences, docstring_passages
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warpdecode.bench.parallel_tasks import held_out_prompts
+from warpdecode.data.parallel_tasks import held_out_prompts
 from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
 from warpdecode.errors import ConfigError
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from warpdecode.bench.prompts import dataset_file, held_out_stdlib_files
+from warpdecode.bench.prompts import held_out_stdlib_files
+from warpdecode.data.corpus import split_of
+from warpdecode.data.datasets import dataset_file
 from warpdecode.datamodules import self_distill
-from warpdecode.datamodules.corpus import split_of
 from warpdecode.datamodules.self_distill import DistillPrompt, SelfDistillDataModule, encode, load_prompts
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.errors import ConfigError

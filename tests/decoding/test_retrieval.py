@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from tiny_models import greedy_target
 
-from warpdecode.decoding.drafters.retrieval import Retrieval, trie_tree
+from warpdecode.decoding.drafters.retrieval import Retrieval, corpus_datastore, trie_tree
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
+from warpdecode.models.tokenizer import Tokenizer, train_bpe
 
 
 def test_trie_keeps_the_most_supported_nodes_best_first():
@@ -37,3 +38,27 @@ def test_missing_corpus_and_bad_options_are_config_errors(tmp_path, single_threa
                  method=build_method("retrieval", options={"corpus": str(tmp_path / "none.npy")}))
     with pytest.raises(ConfigError, match="max_ngram"):
         Retrieval(max_ngram=1)
+
+
+def test_a_text_corpus_is_tokenised_into_the_datastore(tmp_path, monkeypatch):
+    """A folder source goes through `data.corpus` (the training DataModule is not involved): the
+    datastore holds the train split's blocks, at most `max_tokens` of them, in the tokenizer's ids."""
+    monkeypatch.setenv("WARPDECODE_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta"]
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(60):
+        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(words, 600)) + "\n")
+    tokenizer_dir = tmp_path / "tokenizer"
+    train_bpe(iter(" ".join(words) for _ in range(10)), 300).save(tokenizer_dir)
+    vocab = Tokenizer.load(tokenizer_dir).vocab_size
+    store = corpus_datastore.__wrapped__(str(folder), str(tokenizer_dir), 100_000, vocab)
+    small = corpus_datastore.__wrapped__(str(folder), str(tokenizer_dir), 2048, vocab)
+    assert store.num_tokens > small.num_tokens == 2 * 1024
+    short = tmp_path / "short"
+    short.mkdir()
+    for i in range(60):
+        (short / f"doc{i}.txt").write_text("alpha beta\n")
+    with pytest.raises(ConfigError, match="has no complete block"):
+        corpus_datastore.__wrapped__(str(short), str(tokenizer_dir), 100_000, vocab)

@@ -55,7 +55,7 @@ def test_distillation_keeps_the_models_answers_and_exports(dlm_dir: Path, tmp_pa
 
 
 def test_correct_only_keeps_the_answers_the_checker_accepts(dlm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from warpdecode.bench.parallel_tasks import TaskExample
+    from warpdecode.data.parallel_tasks import TaskExample
 
     args = {"tasks": "copy,add", "train_examples": 32, "val_examples": 8, "gen_length": 14, "block_length": 7,
             "decode_batch_size": 16, "correct_only": True}

@@ -1,6 +1,6 @@
 """`warpdecode bench` for masked diffusion LMs: commit policies side by side on the verifiable tasks.
 
-Every example of the evaluation set (`bench/parallel_tasks.py`) is decoded by every policy in turn
+Every example of the evaluation set (`data/parallel_tasks.py`) is decoded by every policy in turn
 (interleaved, after a warm-up), so machine noise spreads over all of them. The baseline is static
 decoding, `fixed` at one token per step without end-of-text stopping, and always runs first. For
 each policy: accuracy (exact answers; `perm` accepts any permutation), steps (forwards, NFEs),
@@ -24,8 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from warpdecode.bench.machine import machine_info
-from warpdecode.bench.parallel_tasks import TaskExample, evaluation_set, task_names
 from warpdecode.bench.specs import SYNTAX, format_value, parse_method
+from warpdecode.data.parallel_tasks import TaskExample, evaluation_set, task_names
 from warpdecode.decoding import registry
 from warpdecode.decoding.diffusion.decoder import diffusion_generate, exact_decoder, split_decoder_options
 from warpdecode.decoding.diffusion.kv_reuse import check_kv_reuse

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from warpdecode.bench.machine import machine_info
 from warpdecode.bench.prompts import held_out_stdlib_files
-from warpdecode.datamodules.corpus import read_jsonl
+from warpdecode.data.corpus import read_jsonl
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError

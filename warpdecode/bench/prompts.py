@@ -9,7 +9,7 @@
 | `gsm8k` | GSM8K test questions, chat template applied (the domain of the drafter recipes' GSM8K *train* prompts) | `math_word_problems` |
 
 `WARPDECODE_DATASETS` defaults to `<repo>/../shared/datasets`. `stdlib_code` reads only files of the
-`test` split of `CorpusDataModule(source="stdlib")` (same hash rule, same default fractions), so no
+`test` split of `data.corpus.Corpus(source="stdlib")` (same hash rule, same default fractions), so no
 file that the stdlib training recipes train on becomes a prompt.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import gzip
 import json
-import os
 import random
 import re
 import textwrap
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
+from warpdecode.data.corpus import stdlib_split_files
+from warpdecode.data.datasets import dataset_file
 from warpdecode.errors import ConfigError
 
 STDLIB_MIN_LINES = 16
@@ -59,19 +60,6 @@ def prompt_set(name: str) -> Callable[[Callable[[], list[BenchPrompt]]], Callabl
 
 def names() -> list[str]:
     return sorted(_SETS)
-
-
-def datasets_dir() -> Path:
-    default = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-    return Path(os.environ.get("WARPDECODE_DATASETS", default))
-
-
-def dataset_file(relative: str) -> Path:
-    path = datasets_dir() / relative
-    if not path.is_file():
-        raise ConfigError(f"dataset file {path} not found; set WARPDECODE_DATASETS to the folder that holds "
-                          f"{relative} (default: <repo>/../shared/datasets)")
-    return path
 
 
 def load_prompts(spec: str, *, limit: int | None = None, categories: str | None = None) -> list[BenchPrompt]:
@@ -121,8 +109,6 @@ def humaneval() -> list[BenchPrompt]:
 
 def held_out_stdlib_files() -> list[tuple[str, Path]]:
     """(relative path, path) of the stdlib corpus files in the `test` split, sorted."""
-    from warpdecode.datamodules.corpus import stdlib_split_files
-
     return stdlib_split_files("test")
 
 

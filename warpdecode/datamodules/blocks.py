@@ -19,29 +19,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 Item = TypeVar("Item")
 
 
-def cut_blocks(documents: Sequence[Sequence[int]], eos_token_id: int, block_size: int) -> np.ndarray:
-    """Concatenate documents with EOS after each one and cut the stream into overlapping windows.
-
-    Window i covers stream[i * block_size : i * block_size + block_size + 1], so consecutive
-    windows share one token and every stream token except the first is a target exactly once.
-    Example with block_size=3: stream [a b c d e f g h] → [[a b c d], [d e f g]]; `h` is dropped.
-
-    Returns:
-        (N, block_size + 1) uint16 when the ids fit, int32 otherwise.
-    """
-    lengths = [len(doc) + 1 for doc in documents]
-    stream = np.empty(sum(lengths), dtype=np.int64)
-    pos = 0
-    for doc, length in zip(documents, lengths):
-        stream[pos : pos + length - 1] = doc
-        stream[pos + length - 1] = eos_token_id
-        pos += length
-    n_blocks = max(0, (len(stream) - 1) // block_size)
-    dtype = np.uint16 if stream.size == 0 or int(stream.max()) < 2**16 else np.int32
-    starts = np.arange(n_blocks)[:, None] * block_size  # (N, 1)
-    return stream[starts + np.arange(block_size + 1)].astype(dtype)  # (N, block_size + 1)
-
-
 class TokenBlocks(Dataset[Tensor]):
     """A (N, block_size + 1) array of token ids (possibly memory-mapped); item i is (block_size + 1,) int64."""
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
-from warpdecode.datamodules.corpus import stdlib_split_files
+from warpdecode.data.corpus import stdlib_split_files
 from warpdecode.datamodules.prompt import DistillPrompt
 
 PASSAGE_MIN_WORDS = 40

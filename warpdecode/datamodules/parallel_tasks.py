@@ -1,4 +1,4 @@
-"""Prompt/answer pairs of the ParallelBench-style tasks (`bench/parallel_tasks.py`) for diffusion LMs.
+"""Prompt/answer pairs of the ParallelBench-style tasks (`data/parallel_tasks.py`) for diffusion LMs.
 
 Each example is `PROMPT ANSWER <eos>...` with the answer padded by `<|endoftext|>` to `gen_length`
 tokens, the layout a masked diffusion LM decodes into: the answer region starts fully masked and
@@ -19,7 +19,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from warpdecode.bench.parallel_tasks import (
+from warpdecode.data.parallel_tasks import (
     ALPHABET,
     MAX_ITEMS,
     TaskExample,

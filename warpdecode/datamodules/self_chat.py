@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from warpdecode.datamodules.corpus import read_jsonl
+from warpdecode.data.corpus import read_jsonl
 from warpdecode.datamodules.prompt import DistillPrompt
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import stop_token_ids

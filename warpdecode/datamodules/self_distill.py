@@ -47,9 +47,9 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import Sampler as IndexSampler
 from tqdm.auto import tqdm
 
-from warpdecode.bench.prompts import dataset_file
+from warpdecode.data.corpus import read_jsonl, split_of, stdlib_split_files
+from warpdecode.data.datasets import dataset_file
 from warpdecode.datamodules.blocks import Batched, EpochShuffleSampler, LengthGroupedBatches, ResumableLoader
-from warpdecode.datamodules.corpus import read_jsonl, split_of, stdlib_split_files
 from warpdecode.datamodules.instructions import INSTRUCTION_SOURCES
 from warpdecode.datamodules.instructions import source_stamp as instruction_stamp
 from warpdecode.datamodules.prompt import DistillPrompt

@@ -23,6 +23,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from warpdecode.data.corpus import Corpus, train_subset
 from warpdecode.decoding.datastore import Datastore
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
@@ -36,7 +37,7 @@ from warpdecode.models.named import DEFAULT_MODEL
 def corpus_datastore(corpus: str, tokenizer: str, max_tokens: int, vocab_size: int) -> Datastore:
     """The datastore of `corpus`, built once per process: a `.npy` of token ids is used as it is
     (its first `max_tokens`); otherwise the train split of the corpus source tokenised with
-    `tokenizer` (at most `max_tokens`, whole blocks chosen by the corpus module's seeded subset)."""
+    `tokenizer` (at most `max_tokens`, whole blocks of 1024 tokens chosen by the corpus's seeded subset)."""
     if corpus.endswith(".npy"):
         path = Path(corpus)
         if not path.is_file():
@@ -48,14 +49,12 @@ def corpus_datastore(corpus: str, tokenizer: str, max_tokens: int, vocab_size: i
         if not np.issubdtype(ids.dtype, np.integer):
             raise ConfigError(f"retrieval corpus {path} holds {ids.dtype} values; it must hold integer token ids")
         return Datastore.build(ids.reshape(-1)[:max_tokens], vocab_size)
-    from warpdecode.datamodules.corpus import CorpusDataModule  # training-side import, only when used
-
-    module = CorpusDataModule(source=corpus, tokenizer=tokenizer, block_size=1024, max_train_tokens=max_tokens)
-    module.setup()
-    blocks = module.datasets["train"].blocks  # (N, 1025): consecutive blocks share one token
-    assert module.tokenizer is not None
-    if module.tokenizer.vocab_size > vocab_size:
-        raise ConfigError(f"the retrieval corpus was tokenised with {tokenizer!r} ({module.tokenizer.vocab_size} "
+    built = Corpus(source=corpus).blocks(block_size=1024, tokenizer=tokenizer)
+    blocks = train_subset(built.splits["train"], max_tokens, 1024, seed=0)  # (N, 1025): neighbours share one token
+    if len(blocks) == 0:
+        raise ConfigError(f"retrieval corpus {corpus!r} has no complete block of 1024 tokens in its train split")
+    if built.tokenizer.vocab_size > vocab_size:
+        raise ConfigError(f"the retrieval corpus was tokenised with {tokenizer!r} ({built.tokenizer.vocab_size} "
                           f"tokens) but the target has {vocab_size}: pass the target's tokenizer=")
     return Datastore.build(np.asarray(blocks[:, :-1]).reshape(-1), vocab_size)
 

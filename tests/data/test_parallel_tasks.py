@@ -6,7 +6,7 @@ from itertools import pairwise
 
 import pytest
 
-from warpdecode.bench.parallel_tasks import (
+from warpdecode.data.parallel_tasks import (
     ALPHABET,
     BRACKETS,
     EVAL_RESERVE,

@@ -1,0 +1,1 @@
+"""The backbone (transformer, cache, config), the drafter nets, the tokenizer, checkpoints and importers."""
