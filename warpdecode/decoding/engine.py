@@ -111,10 +111,10 @@ def run(
         stats.divergent_tokens += result.divergent
         method.drafter.observe(state, result)
         method.controller.observe(result)
-        if on_tokens is not None:
-            on_tokens(emitted)
         stats.draft_seconds += (t1 - t0) + (time.perf_counter() - t2)
         stats.target_seconds += t2 - t1
+        if on_tokens is not None:  # the caller's streaming time counts in neither
+            on_tokens(emitted)
     if pending in stop_ids:
         finish = "eos"
     stats.seconds = time.perf_counter() - start

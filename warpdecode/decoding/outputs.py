@@ -18,7 +18,8 @@ class DecodeStats:
     """Wall time from the start of the prefill to the last token."""
     time_to_first_token: float = 0.0
     draft_seconds: float = 0.0
-    """Time spent in the drafter (proposals and observations)."""
+    """Time spent in the drafter and controller (proposals and observations); the streaming callback
+    (`on_tokens`) is in neither this nor `target_seconds`."""
     target_seconds: float = 0.0
     """Time spent in target verify forwards and acceptance."""
     accepted_per_step: list[int] = field(default_factory=list)

@@ -57,3 +57,15 @@ def test_free_draft_refuses_batches_and_end_of_text_stopping() -> None:
         diffusion_generate(model, [[3]], FreeDraftVerify(), gen_length=4, block_length=4, eos_token_id=EOS, eot_stop=True)
     with pytest.raises(ConfigError, match="draft_length"):
         FreeDraftVerify(1)
+
+
+def test_every_commit_policy_says_whether_it_replaces_the_loop() -> None:
+    """`diffusion_generate` dispatches on the `replaces_loop` capability, never on a class: a policy
+    that replaces the loop implements `decode`, the others inherit the shared loop."""
+    from warpdecode.decoding import registry
+
+    for name in registry.names("commit_policy"):
+        cls = registry.get("commit_policy", name)
+        assert isinstance(cls.replaces_loop, bool), name
+        assert callable(getattr(cls, "decode", None)) == cls.replaces_loop, name
+    assert registry.get("commit_policy", "free_draft").replaces_loop

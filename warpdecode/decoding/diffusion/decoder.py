@@ -16,12 +16,11 @@ sequence; `prefix` and `dual` reuse keys/values within a block (approximate, see
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.diffusion.free_draft import FreeDraftVerify, free_draft_generate
 from warpdecode.decoding.diffusion.kv_reuse import BlockKVReuse, check_kv_reuse
 from warpdecode.decoding.diffusion.layout import (
     DiffusionOutput,
@@ -31,7 +30,7 @@ from warpdecode.decoding.diffusion.layout import (
     layout,
     token_probs,
 )
-from warpdecode.decoding.diffusion.protocols import CommitPolicy, StepView
+from warpdecode.decoding.diffusion.protocols import CommitPolicy, LoopDecoder, StepView
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 
@@ -98,15 +97,11 @@ def diffusion_generate(
     if longest > model.config.max_seq_len:
         raise ConfigError(f"prompt + gen_length = {longest} tokens exceeds the model's context of "
                           f"{model.config.max_seq_len}")
-    if isinstance(policy, FreeDraftVerify):
-        if len(prompts) != 1 or eot_stop or kv_cache != "none" or temperature > 0:
-            raise ConfigError("free_draft decodes one prompt at a time, greedily, without eot_stop or kv_cache "
-                              "(it reproduces `fixed` exactly)")
-        if not prompts[0]:
-            raise ConfigError("every prompt needs at least one token")
-        policy.prepare(model)
-        return free_draft_generate(model, prompts[0], gen_length=gen_length, block_length=block_length,
-                                   eos_token_id=eos_token_id, draft_length=policy.draft_length)
+    if policy.replaces_loop:
+        decoder = cast(LoopDecoder, policy)
+        decoder.prepare(model)
+        return decoder.decode(model, prompts, gen_length=gen_length, block_length=block_length,
+                             eos_token_id=eos_token_id, eot_stop=eot_stop, kv_cache=kv_cache, temperature=temperature)
     device = model.embed.weight.device
     start = time.perf_counter()
     tokens, answer, attention = (t.to(device) for t in layout(prompts, gen_length, mask_token_id, eos_token_id))

@@ -43,9 +43,11 @@ def static_choice(confidence: Tensor, masked: Tensor, block: Tensor) -> int | No
 
 @register("commit_policy", "free_draft")
 class FreeDraftVerify(StatelessPolicy):
-    """Marks a decode as FreeDave's; its per-step rule is the static one (used by `diffusion_generate`)."""
+    """FreeDave: decodes the whole generation itself (`replaces_loop`); `select` is the static rule it
+    reproduces, used where a per-step choice is asked for."""
 
     lossless = True
+    replaces_loop = True
 
     def __init__(self, draft_length: int = 4) -> None:
         if draft_length < 2:
@@ -54,6 +56,16 @@ class FreeDraftVerify(StatelessPolicy):
 
     def select(self, view: StepView) -> Commit:
         return Commit(top_k_active(view.confidence, view.active, 1), view.tokens)
+
+    def decode(self, model: Backbone, prompts: list[list[int]], *, gen_length: int, block_length: int,
+               eos_token_id: int, eot_stop: bool, kv_cache: str, temperature: float) -> DiffusionOutput:
+        if len(prompts) != 1 or eot_stop or kv_cache != "none" or temperature > 0:
+            raise ConfigError("free_draft decodes one prompt at a time, greedily, without eot_stop or kv_cache "
+                              "(it reproduces `fixed` exactly)")
+        if not prompts[0]:
+            raise ConfigError("every prompt needs at least one token")
+        return free_draft_generate(model, prompts[0], gen_length=gen_length, block_length=block_length,
+                                   eos_token_id=eos_token_id, draft_length=self.draft_length)
 
 
 @torch.inference_mode()

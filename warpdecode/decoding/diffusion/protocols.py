@@ -4,6 +4,12 @@ At every step the diffusion LM predicts all masked positions at once; a commit p
 of the masked positions of each row's current block are final now (and with which token). The
 decoder (`decoder.py`) owns the loop, the blocks and end-of-text handling; policies own only the
 choice, so every policy runs under the same loop and is compared on equal terms.
+
+One kind of policy cannot be a per-step choice: a draft-and-verify decoder (FreeDave) runs several
+candidate states in one batched forward and keeps the longest run the one-token-per-step decoder
+would have produced. Such a policy sets `replaces_loop = True` and implements `decode`
+(`LoopDecoder`); `diffusion_generate` then hands it the whole generation. Its output is tested
+token for token against `fixed`, so it is still compared on equal terms.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from warpdecode.decoding.diffusion.layout import DiffusionOutput
 from warpdecode.models.backbone import Backbone
 
 
@@ -50,6 +57,9 @@ class Commit:
 class CommitPolicy(Protocol):
     lossless: bool
     """Whether the output is always that of one-token-per-step decoding (`fixed` with 1 token)."""
+    replaces_loop: bool
+    """Whether the policy decodes a whole generation itself (`LoopDecoder.decode`) instead of
+    choosing commits inside the shared loop."""
 
     def prepare(self, model: Backbone) -> None:
         """Check the policy fits `model` (a trained policy names the model it was trained for)."""
@@ -63,8 +73,20 @@ class CommitPolicy(Protocol):
         ...
 
 
+class LoopDecoder(CommitPolicy, Protocol):
+    """A policy with `replaces_loop = True`: it runs the generation itself."""
+
+    def decode(self, model: Backbone, prompts: list[list[int]], *, gen_length: int, block_length: int,
+               eos_token_id: int, eot_stop: bool, kv_cache: str, temperature: float) -> DiffusionOutput:
+        """The answers of `prompts`, as `diffusion_generate` returns them; a setting the decoder cannot
+        honour is a ConfigError."""
+        ...
+
+
 class StatelessPolicy:
     """Base of policies that need no model check and keep nothing between steps."""
+
+    replaces_loop = False
 
     def prepare(self, model: Backbone) -> None:
         """Nothing ties these policies to one model."""
