@@ -25,6 +25,7 @@ from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method
 from warpdecode.decoding.generate import encode_prompt, generate
+from warpdecode.decoding.outputs import compute_tau
 from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
@@ -224,8 +225,8 @@ def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categ
                 median_speedup=statistics.median(_rate(m) / baseline[m.prompt_id] if baseline[m.prompt_id] else 0.0
                                                  for m in ms) if ms else 0.0,
                 speedup_vs_transformers=rate[row.label] / greedy_peer if greedy_peer and not ours else None,
-                tau=(accepted + steps) / steps if ours and steps else None,
-                tau_without_bonus=accepted / steps if ours and steps else None,
+                tau=compute_tau(accepted, steps) if ours and steps else None,
+                tau_without_bonus=compute_tau(accepted, steps, bonus=False) if ours and steps else None,
                 acceptance_rate=accepted / proposed if ours and proposed else None,
                 time_to_first_token=sum(m.time_to_first_token or 0.0 for m in ms) / len(ms) if ours and ms else None,
                 peak_rss_mib=max(peaks) if peaks else None,
