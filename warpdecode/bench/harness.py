@@ -3,13 +3,14 @@
 For each prompt every row runs once, in an order rotated by one per prompt, so machine noise (shared
 cores, CPU steal) and cache effects spread over all rows. Each row first runs a short warm-up. Plain
 greedy `none` always runs: speedups are ratios to it in the same run (docs/metrics.md), and at
-temperature 0 every row's tokens are compared with it.
+temperature 0 every row's tokens are compared with it. What a run produces is typed in `results`.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,9 @@ from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.device import torch_device, torch_dtype
+from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.load import TORCH, load_backbones, open_package, parse_backends
-from warpdecode.runtime.package import LOSSY_BACKENDS
+from warpdecode.runtime.package import LOSSY_BACKENDS, InferencePackage
 
 PEERS = ("auto", "transformers", "none")
 
@@ -76,13 +78,67 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
     return built, skipped
 
 
-def _prepared_methods(runs: list[tuple[MethodSpec, str]], backbones: dict[str, Backbone],
-                      sampling: bool) -> tuple[dict[str, Method], dict[str, str]]:
-    """Each run's method, prepared for its backend (outside any timed decode), and the rows whose
-    method cannot run on their backend (`CapabilityError`, e.g. PPD's input embeddings on an ONNX
-    Runtime graph) with the reason; the baseline must run."""
+def _checked(config: BenchConfig,
+             methods: str | list[Any] | None) -> tuple[list[str], InferencePackage | None, list[MethodSpec]]:
+    """The backends, the verified package and the method specs of `config` (whose `methods` become the
+    specs' labels); `ConfigError` for a setting that cannot run, before any model is loaded."""
+    backends = parse_backends(config.backends)
+    if config.package and config.device != "cpu":
+        raise ConfigError("bench --package runs on the CPU; --device cuda benchmarks --model on torch")
+    package = open_package(config.package)
+    if package is not None and not package.config.causal:
+        raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "
+                          "(commit policies on parallel_bench); the package decodes with generate --package")
+    specs = parse_methods(methods if methods is not None else config.methods,
+                          defaults=package.drafter_options() if package else None)
+    config.methods = [s.label for s in specs]
+    if config.peers not in PEERS:
+        raise ConfigError(f"--peers must be one of {', '.join(PEERS)}, got {config.peers!r}")
+    if config.temperature < 0 or config.max_new_tokens < 1 or config.warmup_tokens < 0:
+        raise ConfigError(f"need --temperature >= 0, --max-new-tokens >= 1, --warmup-tokens >= 0; got "
+                          f"{config.temperature}, {config.max_new_tokens}, {config.warmup_tokens}")
+    return backends, package, specs
+
+
+def _loaded(config: BenchConfig, package: InferencePackage | None,
+            backends: list[str]) -> tuple[dict[str, Backbone], Tokenizer]:
+    """The model (or package) on torch and on each of `backends`, and its tokenizer."""
+    backbones, tokenizer = load_backbones(config.model if package is None else None, package,
+                                          list(dict.fromkeys([TORCH, *backends])), device=config.device,
+                                          dtype=config.dtype, threads=config.threads)
+    if tokenizer is None:
+        raise ConfigError("bench needs a tokenizer; the package was exported without one")
+    return backbones, tokenizer
+
+
+Encoded = list[tuple[BenchPrompt, list[int]]]
+"""Prompts with their token ids."""
+
+
+def _encoded(prompts: list[BenchPrompt], tokenizer: Tokenizer, context: int, max_new_tokens: int) -> tuple[Encoded, Encoded]:
+    """The prompts' token ids: those that fit the `context` with `max_new_tokens` more, and those that do
+    not (skipped); `ConfigError` when none fits."""
+    encoded: Encoded = []
+    too_long: Encoded = []
+    for p in prompts:
+        ids = encode_prompt(tokenizer, p.text, chat=p.chat)
+        (encoded if len(ids) + max_new_tokens <= context else too_long).append((p, ids))
+    if not encoded:
+        raise ConfigError(f"all {len(prompts)} prompts are longer than the context ({context} tokens) "
+                          f"minus --max-new-tokens {max_new_tokens}")
+    return encoded, too_long
+
+
+def _method_rows(specs: list[MethodSpec], backends: list[str], backbones: dict[str, Backbone],
+                 sampling: bool) -> tuple[list[RowInfo], dict[str, Method], dict[str, str]]:
+    """A row for each method on each backend (torch runs the baseline even when only other backends
+    were asked for), with its method prepared for its backend outside any timed decode; and the rows
+    whose method cannot run on their backend (`CapabilityError`, e.g. PPD's input embeddings on an
+    ONNX Runtime graph) with the reason. The baseline must run."""
+    rows: list[RowInfo] = []
     built: dict[str, Method] = {}
     unsupported: dict[str, str] = {}
+    runs = [(s, b) for b in dict.fromkeys([TORCH] + backends) for s in specs if b in backends or s.label == BASELINE]
     for spec, backend in runs:
         label, method = row_label(spec, backend), spec.build(do_sample=sampling)
         try:
@@ -94,7 +150,95 @@ def _prepared_methods(runs: list[tuple[MethodSpec, str]], backbones: dict[str, B
             unsupported[label] = f"{type(e).__name__}: {e}"
             continue
         built[label] = method
-    return built, unsupported
+        rows.append(RowInfo(label=label, kind="warpdecode", lossless=method.verifier.lossless and backend not in LOSSY_BACKENDS,
+                            settings=spec.options, backend=backend))
+    return rows, built, unsupported
+
+
+def _peers(config: BenchConfig, specs: list[MethodSpec], package: InferencePackage | None,
+           backbones: dict[str, Backbone], tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
+    """`_peer_rows` on the model's checkpoint; for a package, on its weights written to a temporary one."""
+    if package is None:
+        return _peer_rows(config, specs, resolve(config.model))
+    with tempfile.TemporaryDirectory(prefix="warpdecode-peer-") as tmp:
+        if config.peers != "none":
+            save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
+        return _peer_rows(config, specs, Path(tmp))
+
+
+@dataclass
+class _Runner:
+    """Runs one row on one prompt and measures it: the rows' prepared methods on their backbones, and the
+    peers, with the sampling settings of `config`."""
+
+    config: BenchConfig
+    backbones: dict[str, Backbone]
+    tokenizer: Tokenizer
+    methods: dict[str, Method]
+    peers: dict[str, Any]
+
+    @property
+    def sampling(self) -> bool:
+        return self.config.temperature > 0
+
+    def measure(self, row: RowInfo, ids: list[int], max_new_tokens: int, seed: int) -> Measurement:
+        run = self._decode if row.kind == "warpdecode" else self._peer
+        with PeakRSS() as peak:
+            measured = run(row, ids, max_new_tokens, seed)
+        return replace(measured, peak_rss_mib=peak.mib)  # known once the block has ended
+
+    def _decode(self, row: RowInfo, ids: list[int], max_new_tokens: int, seed: int) -> Measurement:
+        c = self.config
+        out = generate(self.backbones[row.backend], self.tokenizer, ids, max_new_tokens=max_new_tokens,
+                       do_sample=self.sampling, seed=seed, temperature=c.temperature if self.sampling else 1.0,
+                       top_k=c.top_k, top_p=c.top_p, method=self.methods[row.label])
+        s = out.stats
+        return Measurement(row=row.label, prompt_tokens=len(ids), new_tokens=len(out.token_ids), seconds=s.seconds,
+                           time_to_first_token=s.time_to_first_token, target_forwards=s.target_forwards,
+                           accepted=sum(s.accepted_per_step), proposed=sum(s.proposed_per_step),
+                           draft_seconds=s.draft_seconds, peak_rss_mib=None, token_ids=out.token_ids,
+                           divergent=s.divergent_tokens)
+
+    def _peer(self, row: RowInfo, ids: list[int], max_new_tokens: int, seed: int) -> Measurement:
+        c = self.config
+        out = self.peers[row.label].generate(ids, max_new_tokens, do_sample=self.sampling, seed=seed,
+                                             temperature=c.temperature if self.sampling else 1.0, top_k=c.top_k,
+                                             top_p=c.top_p)
+        return Measurement(row=row.label, prompt_tokens=len(ids), new_tokens=len(out.token_ids), seconds=out.seconds,
+                           time_to_first_token=None, target_forwards=None, accepted=None, proposed=None,
+                           draft_seconds=None, peak_rss_mib=None, token_ids=out.token_ids)
+
+
+def _measured(runner: _Runner, rows: list[RowInfo], encoded: Encoded, progress: bool) -> list[Measurement]:
+    """A warm-up of every row, then every row on every prompt, in an order rotated by one per prompt."""
+    config = runner.config
+    if config.warmup_tokens:
+        for row in rows:
+            runner.measure(row, encoded[0][1], config.warmup_tokens, config.seed)
+    measurements: list[Measurement] = []
+    with tqdm(total=len(encoded) * len(rows), desc="bench", unit="gen", disable=not progress) as bar:
+        for i, (prompt, ids) in enumerate(encoded):
+            shift = i % len(rows)
+            done = {}
+            for row in rows[shift:] + rows[:shift]:
+                bar.set_postfix_str(f"{prompt.id} {row.label}", refresh=False)
+                done[row.label] = runner.measure(row, ids, config.max_new_tokens, config.seed + i)
+                bar.update()
+            measurements += [_compared(done[row.label], prompt, done[BASELINE], runner.sampling) for row in rows]
+    return measurements
+
+
+def _compared(m: Measurement, prompt: BenchPrompt, baseline: Measurement, sampling: bool) -> Measurement:
+    """`m` on `prompt`, compared with the baseline's tokens on it (no comparison when sampling)."""
+    return replace(m, prompt_id=prompt.id, category=prompt.category,
+                   identical=None if sampling else m.token_ids == baseline.token_ids,
+                   first_difference=None if sampling else first_difference(m.token_ids, baseline.token_ids))
+
+
+def _resolved(row: RowInfo, methods: dict[str, Method]) -> RowInfo:
+    """`row` with the options its drafter chose itself when prepared (`num_nodes=auto` → a size)."""
+    drafter = methods[row.label].drafter if row.kind == "warpdecode" else None
+    return replace(row, resolved=drafter.resolved_settings()) if isinstance(drafter, ResolvesSettings) else row
 
 
 def run_bench(
@@ -111,103 +255,26 @@ def run_bench(
     without transformers installed.
     """
     config = config or BenchConfig()
-    backends = parse_backends(config.backends)
-    if config.package and config.device != "cpu":
-        raise ConfigError("bench --package runs on the CPU; --device cuda benchmarks --model on torch")
-    package = open_package(config.package)
-    if package is not None and not package.config.causal:
-        raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "
-                          "(commit policies on parallel_bench); the package decodes with generate --package")
-    specs = parse_methods(methods if methods is not None else config.methods,
-                          defaults=package.drafter_options() if package else None)
-    config.methods = [s.label for s in specs]
-    if config.peers not in PEERS:
-        raise ConfigError(f"--peers must be one of {', '.join(PEERS)}, got {config.peers!r}")
-    if config.temperature < 0 or config.max_new_tokens < 1 or config.warmup_tokens < 0:
-        raise ConfigError(f"need --temperature >= 0, --max-new-tokens >= 1, --warmup-tokens >= 0; got "
-                          f"{config.temperature}, {config.max_new_tokens}, {config.warmup_tokens}")
+    backends, package, specs = _checked(config, methods)
     chosen = prompts if prompts is not None else load_prompts(config.prompts, limit=config.limit, categories=config.categories)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
     machine = machine_info(torch_device(config.device))
     sampling = config.temperature > 0
-    backbones, tokenizer = load_backbones(config.model if package is None else None, package,
-                                          list(dict.fromkeys([TORCH, *backends])), device=config.device,
-                                          dtype=config.dtype, threads=config.threads)
-    context = backbones[TORCH].config.max_seq_len
-    if tokenizer is None:
-        raise ConfigError("bench needs a tokenizer; the package was exported without one")
-    encoded: list[tuple[BenchPrompt, list[int]]] = []
-    too_long: list[tuple[BenchPrompt, list[int]]] = []
-    for p in chosen:
-        ids = encode_prompt(tokenizer, p.text, chat=p.chat)
-        (encoded if len(ids) + config.max_new_tokens <= context else too_long).append((p, ids))
-    if not encoded:
-        raise ConfigError(f"all {len(chosen)} prompts are longer than the context ({context} tokens) "
-                          f"minus --max-new-tokens {config.max_new_tokens}")
-    # torch runs the baseline even when only other backends were asked for
-    runs = [(s, b) for b in dict.fromkeys([TORCH] + backends) for s in specs if b in backends or s.label == BASELINE]
-    built_methods, unsupported = _prepared_methods(runs, backbones, sampling)
-    runs = [(s, b) for s, b in runs if row_label(s, b) in built_methods]
-    if package is None:
-        peer_models, skipped_rows = _peer_rows(config, specs, resolve(config.model))
-    else:  # the peers load the package's weights from a temporary checkpoint
-        with tempfile.TemporaryDirectory(prefix="warpdecode-peer-") as tmp:
-            if config.peers != "none":
-                save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
-            peer_models, skipped_rows = _peer_rows(config, specs, Path(tmp))
-    skipped_rows = unsupported | skipped_rows
-    rows = [RowInfo(row_label(s, b), "warpdecode", built_methods[row_label(s, b)].verifier.lossless
-                    and b not in LOSSY_BACKENDS, s.options, b) for s, b in runs]
-    rows += [RowInfo(label, "transformers", True, peer_lib.describe(p.generate_kwargs)) for label, p in peer_models.items()]
-    temperature = config.temperature if sampling else 1.0
-
-    def run_row(row: RowInfo, ids: list[int], max_new: int, seed: int) -> Measurement:
-        with PeakRSS() as peak:
-            if row.kind == "warpdecode":
-                out = generate(backbones[row.backend], tokenizer, ids, max_new_tokens=max_new, do_sample=sampling, seed=seed,
-                               temperature=temperature, top_k=config.top_k, top_p=config.top_p,
-                               method=built_methods[row.label])
-                s = out.stats
-                tokens, seconds, ttft, draft = out.token_ids, s.seconds, s.time_to_first_token, s.draft_seconds
-                forwards, accepted, proposed = s.target_forwards, sum(s.accepted_per_step), sum(s.proposed_per_step)
-                divergent: int | None = s.divergent_tokens
-            else:
-                peer = peer_models[row.label].generate(ids, max_new, do_sample=sampling, seed=seed, temperature=temperature,
-                                                       top_k=config.top_k, top_p=config.top_p)
-                tokens, seconds, ttft, draft = peer.token_ids, peer.seconds, None, None
-                forwards, accepted, proposed, divergent = None, None, None, None
-        return Measurement(row=row.label, prompt_tokens=len(ids), new_tokens=len(tokens), seconds=seconds,
-                           time_to_first_token=ttft, target_forwards=forwards, accepted=accepted, proposed=proposed,
-                           draft_seconds=draft, peak_rss_mib=peak.mib, token_ids=tokens, divergent=divergent)
-
-    if config.warmup_tokens:
-        for row in rows:
-            run_row(row, encoded[0][1], config.warmup_tokens, config.seed)
-    measurements: list[Measurement] = []
-    with tqdm(total=len(encoded) * len(rows), desc="bench", unit="gen", disable=not progress) as bar:
-        for i, (prompt, ids) in enumerate(encoded):
-            shift = i % len(rows)
-            done = {}
-            for row in rows[shift:] + rows[:shift]:
-                bar.set_postfix_str(f"{prompt.id} {row.label}", refresh=False)
-                done[row.label] = run_row(row, ids, config.max_new_tokens, config.seed + i)
-                bar.update()
-            for row in rows:
-                m = done[row.label]
-                m.prompt_id, m.category = prompt.id, prompt.category
-                m.identical = None if sampling else m.token_ids == done[BASELINE].token_ids
-                m.first_difference = None if sampling else first_difference(m.token_ids, done[BASELINE].token_ids)
-                measurements.append(m)
-    for row in rows:
-        drafter = built_methods[row.label].drafter if row.kind == "warpdecode" else None
-        if isinstance(drafter, ResolvesSettings):
-            row.resolved = drafter.resolved_settings()
+    backbones, tokenizer = _loaded(config, package, backends)
+    encoded, too_long = _encoded(chosen, tokenizer, backbones[TORCH].config.max_seq_len, config.max_new_tokens)
+    rows, built_methods, unsupported = _method_rows(specs, backends, backbones, sampling)
+    peer_models, skipped_peers = _peers(config, specs, package, backbones, tokenizer)
+    rows += [RowInfo(label=label, kind="transformers", lossless=True, settings=peer_lib.describe(p.generate_kwargs))
+             for label, p in peer_models.items()]
+    runner = _Runner(config=config, backbones=backbones, tokenizer=tokenizer, methods=built_methods, peers=peer_models)
+    measurements = _measured(runner, rows, encoded, progress)
+    rows = [_resolved(row, built_methods) for row in rows]
     categories = list(dict.fromkeys(p.category for p, _ in encoded))
     return BenchResult(
         config=config, machine=machine | {"load_average_end": load_average()}, rows=rows, measurements=measurements,
         aggregates=aggregate(rows, measurements, categories, sampling), categories=categories,
-        skipped_too_long=[p.id for p, _ in too_long], skipped_rows=skipped_rows,
+        skipped_too_long=[p.id for p, _ in too_long], skipped_rows=unsupported | skipped_peers,
         wall_seconds=time.perf_counter() - start,
     )
