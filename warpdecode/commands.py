@@ -552,8 +552,9 @@ def bench(
             differs the table gives the earliest token position at which it does.
         out: output directory.
     """
-    from warpdecode.bench.harness import BenchConfig, run_bench
-    from warpdecode.bench.report import write
+    from warpdecode.bench.harness import run_bench
+    from warpdecode.bench.report import overall_table, write
+    from warpdecode.bench.results import BenchConfig
     from warpdecode.errors import CapabilityError, ConfigError
     from warpdecode.models.checkpoint import read_config
     from warpdecode.runtime.load import precision_for
@@ -574,7 +575,7 @@ def bench(
                          warmup_tokens=warmup_tokens, device=device, dtype=dtype)
     result = run_bench(config, methods=methods if methods is not None else "none,prompt_lookup")
     paths = write(result, out)
-    print(result.table())
+    print(overall_table(result))
     print(f"\n{len(result.skipped_too_long)} prompt(s) skipped as too long; wrote {', '.join(map(str, paths.values()))}")
 
 

@@ -144,14 +144,15 @@ def step_export(out: Path, drafter: Path) -> float:
 
 def step_bench(out_dir: Path, max_new_tokens: int, package: Path) -> str:
     banner(f"8. decoding methods side by side on PyTorch and ONNX Runtime: {BENCH_CATEGORIES} (1 Spec-Bench prompt each)")
-    from warpdecode.bench.harness import BenchConfig, run_bench
-    from warpdecode.bench.report import write
+    from warpdecode.bench.harness import run_bench
+    from warpdecode.bench.report import overall_table, write
+    from warpdecode.bench.results import BenchConfig
 
     config = BenchConfig(package=str(package), backends="torch,onnxruntime", prompts="spec_bench",
                          categories=BENCH_CATEGORIES, limit=1, max_new_tokens=max_new_tokens)
     result = run_bench(config, methods=f"{BENCH_METHODS},medusa")
     write(result, out_dir)
-    table = result.table()
+    table = overall_table(result)
     print(table)
     print(f"\nwrote {out_dir}/results.md and speedup.png; repeat with: {config.command(out_dir)}")
     return table

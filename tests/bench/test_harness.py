@@ -7,9 +7,10 @@ from dataclasses import asdict
 import pytest
 import yaml
 
-from warpdecode.bench.harness import BenchConfig, run_bench
+from warpdecode.bench.harness import run_bench
 from warpdecode.bench.prompts import BenchPrompt, load_prompts
-from warpdecode.bench.report import load, markdown
+from warpdecode.bench.report import load, markdown, overall_table
+from warpdecode.bench.results import BenchConfig
 from warpdecode.cli import main
 from warpdecode.decoding.generate import encode_prompt
 from warpdecode.models.checkpoint import load_pretrained
@@ -116,7 +117,7 @@ def test_run_bench_sampling_has_no_identity(tiny_model_dir):
     assert all(m.identical is None for m in result.measurements)
     assert result.aggregate("prompt_lookup").identical is None
     assert result.aggregate("none", "y").speedup == 1.0 and result.aggregate("none").prompts == 2
-    assert "| `prompt_lookup` |" in result.table() and "| n/a |" in result.table()
+    assert "| `prompt_lookup` |" in overall_table(result) and "| n/a |" in overall_table(result)
     again = run_bench(config, methods="prompt_lookup", prompts=prompts, progress=False)
     assert [m.token_ids for m in again.measurements] == [m.token_ids for m in result.measurements]  # seeded
 
@@ -222,7 +223,7 @@ def test_cudagraphs_need_a_cuda_model(tiny_model_dir):
     ([1, 2, 3], [1, 2], 2), ([], [5], 0),
 ])
 def test_first_difference(tokens, reference, index):
-    from warpdecode.bench.harness import first_difference
+    from warpdecode.bench.results import first_difference
 
     assert first_difference(tokens, reference) == index
 
@@ -241,10 +242,20 @@ def test_half_precision_bench_runs_the_model_and_peers_in_that_precision(tiny_mo
 
 
 def test_the_identity_cell_names_the_earliest_difference():
-    from warpdecode.bench.harness import Aggregate
     from warpdecode.bench.report import identical_cell
+    from warpdecode.bench.results import Aggregate
 
     row = Aggregate(row="x", category="all", prompts=13, new_tokens=1, seconds=1.0, tokens_per_second=1.0, speedup=1.0,
                     median_speedup=1.0, speedup_vs_transformers=None, tau=None, tau_without_bonus=None,
                     acceptance_rate=None, time_to_first_token=None, peak_rss_mib=None, identical=11, first_difference=41)
     assert identical_cell(row) == "no (11/13, from token 41)"
+
+
+def test_the_report_reads_results_without_the_harness():
+    """report -> results only: a results.json is reloaded and rendered without importing the running."""
+    import subprocess
+    import sys
+
+    code = "import sys, warpdecode.bench.report; print('warpdecode.bench.harness' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

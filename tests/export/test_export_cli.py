@@ -6,8 +6,9 @@ import shutil
 import pytest
 from tiny_models import ppd_package
 
-from warpdecode.bench.harness import BenchConfig, run_bench
+from warpdecode.bench.harness import run_bench
 from warpdecode.bench.prompts import BenchPrompt
+from warpdecode.bench.results import BenchConfig
 from warpdecode.cli import main
 from warpdecode.models.checkpoint import load_pretrained
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from warpdecode.bench.harness import BenchConfig, run_bench
+from warpdecode.bench.harness import run_bench
+from warpdecode.bench.results import BenchConfig
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.device import synchronize, torch_device
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from warpdecode.bench.harness import ALL, Aggregate, BenchConfig, BenchResult, Measurement, RowInfo, aggregate
+from warpdecode.bench.results import ALL, Aggregate, BenchConfig, BenchResult, Measurement, RowInfo, aggregate
 from warpdecode.metrics.plots import pyplot
 
 NA = "–"
@@ -160,7 +160,7 @@ def main() -> None:
         result = load(directory / "results.json")
         (directory / "results.md").write_text(markdown(result, directory))
         plot(result, directory / "speedup.png")
-        print(result.table())
+        print(overall_table(result))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,15 @@ from typing import Any, Literal
 FinishReason = Literal["eos", "length", "context"]
 
 
+def compute_tau(accepted: int, forwards: int, *, bonus: bool = True) -> float:
+    """τ over `forwards` verify forwards that accepted `accepted` draft tokens in all: the mean tokens
+    emitted per forward, `(accepted + forwards) / forwards` with the bonus token, `accepted / forwards`
+    without it (docs/metrics.md); 0.0 without a forward. 6 accepted over 4 forwards → 2.5 (1.5 without)."""
+    if not forwards:
+        return 0.0
+    return (accepted + forwards) / forwards if bonus else accepted / forwards
+
+
 @dataclass
 class DecodeStats:
     prompt_tokens: int = 0
@@ -36,13 +45,11 @@ class DecodeStats:
     @property
     def tau(self) -> float:
         """Mean tokens emitted per target forward, bonus token included."""
-        steps = len(self.accepted_per_step)
-        return (sum(self.accepted_per_step) + steps) / steps if steps else 0.0
+        return compute_tau(sum(self.accepted_per_step), len(self.accepted_per_step))
 
     @property
     def tau_without_bonus(self) -> float:
-        steps = len(self.accepted_per_step)
-        return sum(self.accepted_per_step) / steps if steps else 0.0
+        return compute_tau(sum(self.accepted_per_step), len(self.accepted_per_step), bonus=False)
 
     @property
     def acceptance_rate(self) -> float:
