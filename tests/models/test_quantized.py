@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from warpdecode.errors import CapabilityError
+from warpdecode.kernels.quantized import Int4Weight, Int8Weight, quantized_available
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.quantized import Int4Weight, Int8Weight, quantized_available, quantized_copy
+from warpdecode.models.quantized import quantized_copy
 from warpdecode.models.transformer import Transformer
 
 needs_int8 = pytest.mark.skipif(not quantized_available(8), reason="no CPU int8 weight-only matmul in this torch build")

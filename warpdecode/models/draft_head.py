@@ -14,9 +14,9 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor, nn
 
+from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.packed_linear import Linear
 
 
 def draft_backbone_config(target: ModelConfig, n_layer: int, draft_vocab_size: int, d_ff: int | None = None) -> ModelConfig:

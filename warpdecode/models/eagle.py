@@ -35,10 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
-from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import Block, Transformer, rotate_half
 
 

@@ -13,7 +13,7 @@ import torch
 from tokenizers import AddedToken
 from torch import nn
 
-from warpdecode.models.packed_linear import Linear
+from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
 

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.eagle import shift_left
-from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import Transformer
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.draft_head import DraftVocabNet
-from warpdecode.models.packed_linear import Linear
 from warpdecode.models.transformer import Transformer
 
 

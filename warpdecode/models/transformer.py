@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.identity import model_fingerprint
-from warpdecode.models.packed_linear import FusedLinear, Linear, PackedWeight, linear
 
 
 class RMSNorm(nn.Module):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, can_pack
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.packed_linear import FusedLinear, Linear, PackedWeight, can_pack
 from warpdecode.models.transformer import Transformer
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not available")
