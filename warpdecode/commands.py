@@ -449,6 +449,15 @@ def self_chat(
     print(f"{out}: added {added} prompts ({num_prompts} wanted)")
 
 
+def _first_sentence(doc: str | None) -> str:
+    """The first sentence of a docstring's first paragraph, in one line (its first line may stop mid-sentence)."""
+    import re
+
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    # a sentence ends at ". " before a capital letter: "Sun et al. 2021" does not end one
+    return re.split(r"(?<=[a-z)`]\.) (?=[A-Z])", paragraph)[0]
+
+
 def methods(*, json_output: bool = False) -> None:
     """List the registered decoding components: drafters (methods), verifiers and controllers.
 
@@ -468,7 +477,7 @@ def methods(*, json_output: bool = False) -> None:
                 "lossless": getattr(cls, "lossless", kind == "drafter" or None),
                 "needs_training": getattr(cls, "needs_training", False),
                 "options": registry.options(cls),
-                "summary": (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0],
+                "summary": _first_sentence(sys.modules[cls.__module__].__doc__),
             })
     if json_output:
         print(json.dumps(rows, indent=2, default=str))
