@@ -115,3 +115,15 @@ def test_quick_start_runs_as_written(tmp_path):
     assert out.token_ids == generate(model, tokenizer, prompt, max_new_tokens=64).token_ids
     assert out.stats.tau > 1.5
     assert 0 < len(story.token_ids) <= 64 and story.stats.target_forwards < len(story.token_ids)
+
+
+def test_methods_named_in_the_readme_are_registered():
+    from warpdecode.decoding import registry
+
+    readme = README.read_text(encoding="utf-8")
+    named = set(re.findall(r'--method (\w+)|method="(\w+)"|build_method\("(\w+)"', readme))
+    names = {name for group in named for name in group if name}
+    assert {"prompt_lookup", "int4_self", "draft_model"} <= names
+    assert names <= {name for kind in ("drafter", "commit_policy") for name in registry.names(kind)}
+    assert set(re.findall(r"--verifier (\w+)", readme)) <= set(registry.names("verifier"))
+    assert set(re.findall(r"--controller (\w+)", readme)) <= set(registry.names("controller"))
