@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check warpdecode tests
+	$(VENV)/bin/ruff check warpdecode tests scripts
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy warpdecode
 	WANDB_MODE=offline $(PY) -m pytest -q --durations=15
@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(PY) -m warpdecode.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check warpdecode tests
+	$(VENV)/bin/ruff check warpdecode tests scripts
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
