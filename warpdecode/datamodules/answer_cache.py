@@ -9,6 +9,8 @@
                                        each row is the answer to one (prompt key, prompt ids)
         set-<prompts hash>.json        one prompt set: which rows of which chunks, counts and stats,
                                        written last: the set is complete
+    <cache_dir>/self_chat/<hash>.jsonl the `self_chat` source's user turns, per target and sampling
+                                       settings, grown as prompt sets ask for more (`self_chat.py`)
 
 A prompt is answered once per answers folder, whatever set asks for it: a larger set, another seed or
 another mix of sources generates only the prompts no chunk holds yet. An interrupted run loses at most
