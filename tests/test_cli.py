@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from warpdecode.cli import main
-from warpdecode.datamodules.self_distill import jsonl_prompts, load_prompts
+from warpdecode.datamodules.prompt_sources import jsonl_prompts, load_prompts
 from warpdecode.models.checkpoint import load_pretrained
 
 

@@ -378,9 +378,9 @@ def prompts(
             `'{"self_chat": 9}'`; default round-robin.
         model: the target that writes the `self_chat` source's prompts (loaded only for that source).
     """
+    from warpdecode.datamodules.prompt_sources import SOURCES, load_prompts, write_jsonl_prompts
     from warpdecode.datamodules.self_chat import SOURCE as SELF_CHAT
     from warpdecode.datamodules.self_chat import SelfChatSource
-    from warpdecode.datamodules.self_distill import SOURCES, load_prompts, write_jsonl_prompts
     from warpdecode.errors import ConfigError
     from warpdecode.models.checkpoint import cache_dir, load_pretrained
     from warpdecode.models.identity import model_fingerprint

@@ -8,7 +8,7 @@ import pytest
 
 from warpdecode.bench.prompts import held_out_stdlib_files
 from warpdecode.data.corpus import split_of
-from warpdecode.datamodules import instructions, self_distill
+from warpdecode.datamodules import instructions, prompt_sources
 from warpdecode.datamodules.instructions import catalog_sentences, docstring_passages
 
 
@@ -91,12 +91,12 @@ def test_translation_prompts_and_stamp_follow_the_catalog_folder(tmp_path, monke
 
 def test_template_sources_are_distinct_deterministic_and_registered():
     for name in ("writing", "roleplay", "explain"):
-        prompts = self_distill.SOURCES[name]()
+        prompts = prompt_sources.SOURCES[name]()
         texts = [p.messages[0][1] for p in prompts]
         assert len(set(texts)) == len(texts) > 100, name
         assert len({p.id for p in prompts}) == len(prompts)
-        assert prompts == self_distill.SOURCES[name]()
-    assert set(instructions.INSTRUCTION_SOURCES) <= set(self_distill.SOURCES)
+        assert prompts == prompt_sources.SOURCES[name]()
+    assert set(instructions.INSTRUCTION_SOURCES) <= set(prompt_sources.SOURCES)
 
 
 @pytest.mark.slow
@@ -107,8 +107,8 @@ def test_passage_sources_use_the_train_split_only(monkeypatch):
     assert all(split_of(key, 0.05, 0.05) == "train" for key in files)
     assert not files & {key for key, _ in held_out_stdlib_files()}
     for name in ("summarize", "context_qa", "extract"):
-        prompts = self_distill.SOURCES[name]()
+        prompts = prompt_sources.SOURCES[name]()
         assert len(prompts) == len(passages)
         assert all(passage in p.messages[0][1] for p, (_, passage) in zip(prompts, passages, strict=True))
-    mixed = self_distill.load_prompts(["summarize", "writing", "explain"], max_prompts=6, seed=0)
+    mixed = prompt_sources.load_prompts(["summarize", "writing", "explain"], max_prompts=6, seed=0)
     assert [p.id.split("/")[0] for p in mixed] == ["summarize", "writing", "explain"] * 2

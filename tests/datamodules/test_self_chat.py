@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from warpdecode.datamodules import self_chat, self_distill
+from warpdecode.datamodules import prompt_sources, self_chat
 from warpdecode.datamodules.prompt import DistillPrompt
+from warpdecode.datamodules.prompt_sources import generated_share, interleave, jsonl_prompts, load_prompts
 from warpdecode.datamodules.self_chat import (
     SelfChatSource,
     append_self_chat,
@@ -16,13 +17,7 @@ from warpdecode.datamodules.self_chat import (
     read_user_turns,
     usable,
 )
-from warpdecode.datamodules.self_distill import (
-    SelfDistillDataModule,
-    generated_share,
-    interleave,
-    jsonl_prompts,
-    load_prompts,
-)
+from warpdecode.datamodules.self_distill import SelfDistillDataModule
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.identity import model_fingerprint
@@ -188,7 +183,7 @@ class FakeSource:
 
 
 def test_load_prompts_takes_the_self_chat_share(monkeypatch):
-    monkeypatch.setitem(self_distill.SOURCES, "writing", lambda: prompts_of("w", 2))
+    monkeypatch.setitem(prompt_sources.SOURCES, "writing", lambda: prompts_of("w", 2))
     source = FakeSource()
     mixed = load_prompts(["writing", "self_chat"], 5, 0, source)  # type: ignore[arg-type]
     assert source.asked == [3]

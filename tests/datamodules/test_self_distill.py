@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from warpdecode.bench.prompts import held_out_stdlib_files
 from warpdecode.data.corpus import split_of
-from warpdecode.data.datasets import dataset_file
-from warpdecode.datamodules import self_distill
-from warpdecode.datamodules.self_distill import DistillPrompt, SelfDistillDataModule, encode, load_prompts
+from warpdecode.datamodules import answer_cache, prompt_sources, self_distill
+from warpdecode.datamodules.prompt import DistillPrompt
+from warpdecode.datamodules.prompt_sources import load_prompts
+from warpdecode.datamodules.self_distill import SelfDistillDataModule, encode
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
@@ -121,7 +121,7 @@ def test_split_by_prompt_text_is_disjoint_and_deterministic(tiny_model_dir, prom
     tokenizer = dm.tokenizer
     assert tokenizer is not None
     expected = {tuple(encode(tokenizer, p)): split_of(p.key, VAL, 0.0)
-                for p in self_distill.jsonl_prompts(prompt_file)}
+                for p in prompt_sources.jsonl_prompts(prompt_file)}
     splits = {split: {tuple(e.tokens[: e.prompt_length].tolist()) for e in dm.datasets[split].examples}
               for split in ("train", "val")}
     assert splits["train"] and splits["val"] and not splits["train"] & splits["val"]
@@ -152,13 +152,13 @@ def test_finished_cache_is_read_without_loading_the_model(tiny_model_dir, prompt
 def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The batch sizes of every generation batch from now on."""
     calls: list[int] = []
-    decode_batch = self_distill.decode_batch
+    decode_batch = answer_cache.decode_batch
 
     def counting(model, prompts, *args, **kwargs):
         calls.append(len(prompts))
         return decode_batch(model, prompts, *args, **kwargs)
 
-    monkeypatch.setattr(self_distill, "decode_batch", counting)
+    monkeypatch.setattr(answer_cache, "decode_batch", counting)
     return calls
 
 
@@ -283,54 +283,6 @@ def test_chat_template_wraps_prompts_like_inference(tiny_model_dir):
                                                         add_special_tokens=False)
 
 
-def test_builtin_sources_use_train_splits_only(monkeypatch):
-    gsm8k = self_distill.gsm8k_train_prompts()
-    with dataset_file("gsm8k/test.jsonl").open(encoding="utf-8") as f:
-        test_questions = {json.loads(line)["question"] for line in f if line.strip()}
-    assert len(gsm8k) == 7473 and not {p.messages[0][1] for p in gsm8k} & test_questions
-
-    stdlib = self_distill.stdlib_docstring_prompts()
-    files = {p.id.split(":")[0].removeprefix("stdlib/") for p in stdlib}
-    assert len(stdlib) > 1000 and len(files) > 100
-    assert all(split_of(key, 0.05, 0.05) == "train" for key in files)
-    assert not files & {key for key, _ in held_out_stdlib_files()}
-    assert all(p.messages[0][1].startswith("Write a Python ") for p in stdlib)
-
-    monkeypatch.setitem(self_distill.SOURCES, "stdlib_docstrings", lambda: list(stdlib))  # parsed once: 5 s
-    mixed = load_prompts(["gsm8k_train", "stdlib_docstrings"], max_prompts=6, seed=0)
-    assert [p.id.split("/")[0] for p in mixed] == ["gsm8k_train", "stdlib"] * 3
-    assert mixed == load_prompts(["gsm8k_train", "stdlib_docstrings"], max_prompts=6, seed=0)
-    assert mixed != load_prompts(["gsm8k_train", "stdlib_docstrings"], max_prompts=6, seed=1)
-
-
-def test_docstring_prompts_name_the_function_and_its_first_paragraph():
-    source = '''
-def area(width: float, height: float = 1.0) -> float:
-    """Return the area of a rectangle
-    of the given size.
-
-    More detail that is left out.
-    """
-
-class Shape:
-    def scale(self, factor):
-        """Scale the shape by factor in every direction."""
-
-def _private(x):
-    """A private helper is never a prompt, however long its docstring."""
-
-def short():
-    """Too short."""
-'''
-    prompts = list(self_distill.docstring_prompts("geometry.py", source))
-    assert [p.id for p in prompts] == ["stdlib/geometry.py:2:area", "stdlib/geometry.py:10:Shape.scale"]
-    signature = "area(width: float, height: float=1.0)"
-    text = f"Write a Python function `{signature}`: Return the area of a rectangle of the given size."
-    assert prompts[0].messages == (("user", text),)
-    assert prompts[1].messages[0][1] == ("Write a Python method `Shape.scale(self, factor)`: "
-                                         "Scale the shape by factor in every direction.")
-
-
 def test_yaml_config_builds_the_datamodule(tmp_path):
     from jsonargparse import ArgumentParser
 
@@ -348,8 +300,8 @@ def test_a_written_prompt_file_gives_the_same_prompts_split_and_cached_answers(t
     first.prepare_data()
     first.setup()
     frozen = tmp_path / "frozen" / "prompts.jsonl"
-    self_distill.write_jsonl_prompts(frozen, load_prompts([str(prompt_file)], 12, seed=0))
-    assert [p.key for p in self_distill.jsonl_prompts(frozen)] == [p.key for p in self_distill.jsonl_prompts(prompt_file)]
+    prompt_sources.write_jsonl_prompts(frozen, load_prompts([str(prompt_file)], 12, seed=0))
+    assert [p.key for p in prompt_sources.jsonl_prompts(frozen)] == [p.key for p in prompt_sources.jsonl_prompts(prompt_file)]
 
     decodes = counting_decodes(monkeypatch)
     second = make(tiny_model_dir, frozen, tmp_path)

@@ -15,7 +15,6 @@ file that the stdlib training recipes train on becomes a prompt.
 
 from __future__ import annotations
 
-import ast
 import gzip
 import json
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from warpdecode.data.corpus import stdlib_split_files
 from warpdecode.data.datasets import dataset_file
+from warpdecode.data.stdlib import functions, parse, split_sources
 from warpdecode.errors import ConfigError
 
 STDLIB_MIN_LINES = 16
@@ -113,13 +113,9 @@ def held_out_stdlib_files() -> list[tuple[str, Path]]:
 
 
 def _function_prompts(key: str, source: str) -> Iterator[BenchPrompt]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return
     lines = source.splitlines(keepends=True)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+    for node in functions(parse(source)):
+        if node.end_lineno is not None:
             n = node.end_lineno - node.lineno + 1
             if n >= STDLIB_MIN_LINES:
                 head = lines[node.lineno - 1 : node.lineno - 1 + min(STDLIB_PROMPT_LINES, n // 2)]
@@ -131,9 +127,8 @@ def _function_prompts(key: str, source: str) -> Iterator[BenchPrompt]:
 def stdlib_code() -> list[BenchPrompt]:
     """Every function of >= 16 lines in the held-out files, taken round-robin over files so that a
     `--limit` spreads over many files."""
-    per_file = [sorted(_function_prompts(key, path.read_text(encoding="utf-8", errors="replace")),
-                       key=lambda p: int(p.id.split(":")[-2]))
-                for key, path in held_out_stdlib_files()]
+    per_file = [sorted(_function_prompts(key, source), key=lambda p: int(p.id.split(":")[-2]))
+                for key, source in split_sources("test")]
     return [p for group in zip_longest(*per_file) for p in group if p is not None]
 
 

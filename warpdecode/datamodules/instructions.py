@@ -21,16 +21,13 @@ depends on, so caches keyed by it notice a change.
 
 from __future__ import annotations
 
-import ast
 import gettext
 import hashlib
-import sys
-import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from warpdecode.data.corpus import stdlib_split_files
+from warpdecode.data.stdlib import docstrings, parse, split_sources, stdlib_stamp
 from warpdecode.datamodules.prompt import DistillPrompt
 
 PASSAGE_MIN_WORDS = 40
@@ -127,22 +124,11 @@ def _is_prose(paragraph: str) -> bool:
     return sum(c.isalpha() or c.isspace() for c in paragraph) >= PROSE_LETTER_FRACTION * len(paragraph)
 
 
-def _docstrings(source: str) -> Iterator[str]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-                and (docstring := ast.get_docstring(node))):
-            yield docstring
-
-
 def docstring_passages(source: str) -> list[str]:
     """Prose passages of one Python file's docstrings: runs of consecutive prose paragraphs of one
     docstring, joined until PASSAGE_MIN_WORDS is reached and never past PASSAGE_MAX_WORDS."""
     passages = []
-    for docstring in _docstrings(source):
+    for docstring in docstrings(parse(source)):
         words: list[str] = []
         for paragraph in docstring.split("\n\n"):
             tokens = paragraph.split()
@@ -161,9 +147,8 @@ def docstring_passages(source: str) -> list[str]:
 @cache
 def stdlib_passages() -> tuple[tuple[str, str], ...]:
     """(id, passage) of the docstring prose of the stdlib corpus's train split, in file order."""
-    return tuple((f"{key}#{i}", passage) for key, path in stdlib_split_files("train")
-                 for i, passage in enumerate(docstring_passages(path.read_text(encoding="utf-8",
-                                                                               errors="replace"))))
+    return tuple((f"{key}#{i}", passage) for key, source in split_sources("train")
+                 for i, passage in enumerate(docstring_passages(source)))
 
 
 def catalog_sentences(path: Path) -> list[str]:
@@ -247,4 +232,4 @@ def source_stamp(source: str) -> list[object]:
     if source == "translate_de":
         paths = sorted(GERMAN_CATALOGS.glob("*.mo")) if GERMAN_CATALOGS.is_dir() else []
         return [source, [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in paths]]
-    return [source, sys.version, sysconfig.get_paths()["stdlib"]]
+    return [source, *stdlib_stamp()]
