@@ -100,8 +100,10 @@ def test_generate_with_method_matches_plain_greedy(tiny_model_dir, capsys):
             "--max-new-tokens", "12", "--json"]
     main(base)
     plain = json.loads(capsys.readouterr().out)
-    main(base + ["--method", "draft_model", "--method-options", '{"layers": 1, "num_tokens": 3}'])
-    drafted = json.loads(capsys.readouterr().out)
+    main(base + ["--method", "draft_model:layers=1:num_tokens=3"])
+    captured = capsys.readouterr()
+    drafted = json.loads(captured.out)
+    assert captured.err == ""  # the spec form is not deprecated
     assert drafted["token_ids"] == plain["token_ids"]
     steps = drafted["stats"]["accepted_per_step"]
     assert drafted["stats"]["target_forwards"] == len(steps)
@@ -111,26 +113,76 @@ def test_generate_with_method_matches_plain_greedy(tiny_model_dir, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [(["--method", "nope"], "unknown drafter 'nope'"),
-     (["--method", "draft_model", "--method-options", '{"layer": 1}'], "no option(s) ['layer']"),
+     (["--method", "draft_model:layer=1"], "no option(s) ['layer']"),
+     (["--method", "draft_model:layers"], ("method spec 'draft_model:layers': 'layers' is not KEY=VALUE; "
+                                           "expected NAME[:KEY=VALUE...]")),
+     (["--method", "prompt_lookup,none"], ("--method names one method, got 'prompt_lookup,none'; "
+                                           "`warpdecode bench --methods` compares several")),
+     (["--method", "prompt_lookup:verifier=typical", "--verifier", "greedy"], "the verifier is named twice"),
+     (["--verifier", "typical:bogus=1"], "verifier 'typical' has no option(s) ['bogus']; options: "),
+     (["--controller", "adaptive:initial=four"], "controller option adaptive.initial must be an int, got 'four'"),
+     (["--backend", "torch,onnxruntime"], "--backend names one backend, got 'torch,onnxruntime'"),
      (["--verifier", "speculative_sampling"], "needs sampling")],
 )
 def test_bad_method_is_one_line_error(extra, message, tiny_model_dir, capsys):
     code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", *extra], capsys)
     assert code == 2 and message in err and "Traceback" not in err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "old, new, warning",
+    [(["--method", "draft_model", "--method-options", '{"layers": 1, "num_tokens": 3}'],
+      ["--method", "draft_model:layers=1:num_tokens=3"],
+      "warning: --method-options is deprecated; write --method draft_model:layers=1:num_tokens=3"),
+     (["--method", "prompt_lookup", "--controller", "adaptive", "--controller-options", '{"initial": 2}'],
+      ["--method", "prompt_lookup", "--controller", "adaptive:initial=2"],
+      "warning: --controller-options is deprecated; write --controller adaptive:initial=2"),
+     (["--method", "prompt_lookup", "--controller-options", '{"max_nodes": 3}'],
+      ["--method", "prompt_lookup:controller=fixed:controller.max_nodes=3"],
+      "warning: --controller-options is deprecated; write --controller fixed:max_nodes=3"),
+     (["--method", "prompt_lookup:num_tokens=2", "--temperature", "0.5", "--seed", "1", "--verifier", "typical",
+       "--verifier-options", '{"epsilon": 0.2}'],
+      ["--method", "prompt_lookup:num_tokens=2", "--temperature", "0.5", "--seed", "1",
+       "--verifier", "typical:epsilon=0.2"],
+      "warning: --verifier-options is deprecated; write --verifier typical:epsilon=0.2"),
+     (["--backends", "torch"], ["--backend", "torch"], None),
+     (["--methods", "prompt_lookup"], ["--method", "prompt_lookup"], None)],
+)
+def test_old_method_forms_still_work_with_one_warning_line(old, new, warning, tiny_model_dir, capsys):
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "for i in range(10): for i in", "--chat", "false",
+            "--max-new-tokens", "8", "--json"]
+    main(base + new)
+    expected = capsys.readouterr()
+    main(base + old)
+    got = capsys.readouterr()
+    assert json.loads(got.out)["token_ids"] == json.loads(expected.out)["token_ids"]
+    assert expected.err == "" and got.err == ("" if warning is None else warning + "\n")
+
+
+def test_old_method_options_with_a_bad_option_is_still_one_line(tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--method", "draft_model",
+                        "--method-options", '{"layer": 1}'], capsys)
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert "no option(s) ['layer']" in err
 
 
 def test_generate_decodes_a_diffusion_lm_under_a_commit_policy(dlm_dir, capsys):
-    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method", "threshold",
-          "--method-options", '{"threshold": 0.5, "block_length": 7}', "--json"])
+    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method",
+          "threshold:threshold=0.5:block_length=7", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["steps"] == len(out["stats"]["committed_per_step"]) <= 14
     assert sum(out["stats"]["committed_per_step"]) == 14  # every position of the answer region decoded once
-    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method", "fixed",
-          "--method-options", '{"block_length": 7, "kv_cache": "dual"}', "--json"])
+    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method",
+          "fixed:block_length=7:kv_cache=dual", "--json"])
     cached = json.loads(capsys.readouterr().out)
     assert cached["stats"]["steps"] == 14 and sum(cached["stats"]["committed_per_step"]) == 14
-    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--method-options", '{"kv_cache": "all"}'],
-                       capsys)
+    main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method", "fixed",
+          "--method-options", '{"block_length": 7, "kv_cache": "dual"}', "--json"])
+    old = capsys.readouterr()
+    assert json.loads(old.out)["token_ids"] == cached["token_ids"]
+    assert old.err == "warning: --method-options is deprecated; write --method fixed:block_length=7:kv_cache=dual\n"
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--method", "fixed:kv_cache=all"], capsys)
     assert code == 2 and "kv_cache must be one of" in err
     sampled = []
     for _ in range(2):

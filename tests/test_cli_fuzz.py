@@ -120,8 +120,18 @@ SEMANTIC: list[tuple[str, list[str]]] = [
                                      "--method_options", '{"max_ngram": "abc"}']),
     ("generate-method-option-name", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
                                      "--method_options", '{"bogus": 1}']),
+    ("generate-method-spec-option-name", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                         "prompt_lookup:bogus=1"]),
+    ("generate-method-spec-not-key-value", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                            "prompt_lookup:num_tokens"]),
+    ("generate-method-list", ["generate", "--model", "{model}", "--prompt", "hi", "--methods", "none,prompt_lookup"]),
     ("generate-verifier", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
                            "--verifier", "bogus"]),
+    ("generate-verifier-spec", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
+                                "--verifier", "typical:bogus=1"]),
+    ("generate-controller-spec", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
+                                  "--controller", "adaptive:initial=four"]),
+    ("generate-backend-list", ["generate", "--model", "{model}", "--prompt", "hi", "--backends", "torch,cudagraphs"]),
     ("generate-controller", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
                              "--controller", "bogus"]),
     ("generate-package-is-a-model", ["generate", "--package", "{model}", "--prompt", "hi"]),
@@ -152,6 +162,7 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("regress-check-missing", ["regress", "{package}", "--check", "/nonexistent/record.json"]),
     ("regress-backend", ["regress", "{package}", "--record", "{out}/r.json", "--backend", "bogus"]),
     ("regress-methods", ["regress", "{package}", "--record", "{out}/r.json", "--methods", "bogus"]),
+    ("regress-methods-spec", ["regress", "{package}", "--record", "{out}/r.json", "--methods", "none,prompt_lookup:x=1"]),
     ("regress-neither", ["regress", "{package}"]),
     ("prompts-sources", ["prompts", "{out}/p.jsonl", "--sources", "bogus"]),
     ("prompts-weights-source", ["prompts", "{out}/p.jsonl", "--weights", '{"bogus": 1}']),
@@ -172,6 +183,7 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("export-hidden-layers-range", ["export", "{out}/p", "--model", "{model}", "--hidden_layers", "99"]),
     ("export-quantize", ["export", "{out}/p", "--model", "{model}", "--quantize", "bogus"]),
     ("export-method", ["export", "{out}/p", "--model", "{model}", "--method", "bogus"]),
+    ("export-method-spec", ["export", "{out}/p", "--model", "{model}", "--method", "hydra:bogus=1"]),
     ("fit-config-missing", ["fit", "--config", "/nonexistent/recipe.yaml"]),
 ]
 
@@ -322,8 +334,7 @@ DRAFTER_FILES: list[tuple[str, Mutation]] = [
 GGUF_HEADER = b"GGUF" + (3).to_bytes(4, "little")
 GGUF_ARGV = ["generate", "--model", "{case_dir}/model.gguf", "--prompt", "hi"]
 RECIPE_ARGV = ["fit", "--config", "{case_dir}/recipe.yaml", "--trainer.logger", "false"]
-CORPUS_ARGV = ["generate", "--model", "{model}", "--prompt", "hi", "--method", "retrieval",
-               "--method_options", '{"corpus": "{case_dir}/corpus.npy"}']
+CORPUS_ARGV = ["generate", "--model", "{model}", "--prompt", "hi", "--method", "retrieval:corpus={case_dir}/corpus.npy"]
 RECORD_ARGV = ["regress", "{package}", "--check", "{case_dir}/record.json"]
 
 def _gguf_head() -> bytes:
@@ -375,7 +386,7 @@ def file_cases() -> list[tuple[str, list[str]]]:
     cases += [(f"package:{name}", ["generate", "--package", "{case_dir}", "--prompt", "hello", "--max_new_tokens", "2"])
               for name, _ in PACKAGE_FILES]
     cases += [(f"drafter:{name}", ["generate", "--model", "{model}", "--prompt", "hello", "--max_new_tokens", "2",
-                                   "--method", "eagle", "--method_options", '{"path": "{case_dir}"}'])
+                                   "--method", "eagle:path={case_dir}"])
               for name, _ in DRAFTER_FILES]
     cases += [(f"file:{name}", argv) for name, _, _, argv in STANDALONE_FILES]
     return cases

@@ -28,19 +28,20 @@ def assert_one_line_error(code: int | str | None, err: str, message: str) -> Non
     assert message in err, err
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ('{"max_ngram": "abc"}', "method option prompt_lookup.max_ngram must be an int, got 'abc'"),
-    ('{"max_ngram": 1.5}', "method option prompt_lookup.max_ngram must be an int, got 1.5"),
+@pytest.mark.parametrize(("method", "message"), [
+    ("prompt_lookup:max_ngram=abc", "method option prompt_lookup.max_ngram must be an int, got 'abc'"),
+    ("prompt_lookup:max_ngram=1.5", "method option prompt_lookup.max_ngram must be an int, got 1.5"),
 ])
-def test_generate_method_options_of_the_wrong_type(options, message, tiny_model_dir, capsys):
-    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--method", "prompt_lookup",
-                        "--method-options", options], capsys)
+def test_generate_method_options_of_the_wrong_type(method, message, tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--method", method], capsys)
     assert_one_line_error(code, err, message)
 
 
-def test_generate_controller_options_of_the_wrong_type(tiny_model_dir, capsys):
+@pytest.mark.parametrize("flags", [["--controller", "adaptive:initial=four"],
+                                   ["--controller", "adaptive", "--controller-options", '{"initial": "four"}']])
+def test_generate_controller_options_of_the_wrong_type(flags, tiny_model_dir, capsys):
     code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--method", "prompt_lookup",
-                        "--controller", "adaptive", "--controller-options", '{"initial": "four"}'], capsys)
+                        *flags], capsys)
     assert_one_line_error(code, err, "controller option adaptive.initial must be an int, got 'four'")
 
 

@@ -6,13 +6,21 @@ import sys
 from collections.abc import Callable
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
+FLAG_ALIASES = {
+    "generate": {"backends": "backend", "methods": "method"},
+    "regress": {"backends": "backend", "method": "methods"},
+    "bench": {"backend": "backends", "method": "methods"},
+}
+"""A command that runs one backend or method names its flag in the singular, one that runs a list in the
+plural; each also takes the other spelling (a list flag then reads a list of one)."""
 
 
 def _normalise_flags(argv: list[str]) -> list[str]:
-    """Accept `--max-new-tokens` as well as `--max_new_tokens` (and `self-chat` as well as `self_chat`);
-    a bare `--json` means `--json_output=true`."""
+    """Accept `--max-new-tokens` as well as `--max_new_tokens` (and `self-chat` as well as `self_chat`),
+    and `FLAG_ALIASES`; a bare `--json` means `--json_output=true`."""
     if argv and not argv[0].startswith("-"):
         argv = [argv[0].replace("-", "_"), *argv[1:]]
+    aliases = FLAG_ALIASES.get(argv[0], {}) if argv else {}
     out = []
     for i, arg in enumerate(argv):
         if arg.startswith("--"):
@@ -22,7 +30,8 @@ def _normalise_flags(argv: list[str]) -> list[str]:
                 name = "json_output"
                 if not sep and following not in ("true", "false"):
                     sep, value = "=", "true"
-            arg = f"--{name.replace('-', '_')}{sep}{value}"
+            name = name.replace("-", "_")
+            arg = f"--{aliases.get(name, name)}{sep}{value}"
         out.append(arg)
     return out
 

@@ -12,6 +12,7 @@ import torch
 from warpdecode.models.named import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from warpdecode.decoding.specs import MethodSpec
     from warpdecode.models.backbone import Backbone
     from warpdecode.models.tokenizer import Tokenizer
 
@@ -80,28 +81,32 @@ def generate(
     method_options: dict[str, Any] | None = None,
     verifier: str | None = None,
     verifier_options: dict[str, Any] | None = None,
-    controller: str = "fixed",
+    controller: str | None = None,
     controller_options: dict[str, Any] | None = None,
     json_output: bool = False,
     threads: int | None = None,
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
+    A method and its options are written NAME[:KEY=VALUE...], as in `warpdecode bench --methods`:
+    `warpdecode generate --prompt "Hi" --method draft_model:layers=10:num_tokens=4`.
+
     A masked diffusion LM (a bidirectional --model) decodes its answer in parallel instead: --method
-    names a commit policy (default fixed, one token per step; `warpdecode methods` lists them),
-    --method-options its options plus block_length (8), eot_stop and kv_cache (none, prefix or
-    dual: Fast-dLLM's approximate reuse of keys/values within a block), --max-new-tokens is the
-    answer region, and --temperature (with --seed) samples each step's candidates: `warpdecode
-    generate --model models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold`.
+    names a commit policy (default fixed, one token per step; `warpdecode methods` lists them) with
+    its options plus block_length (8), eot_stop and kv_cache (none, prefix or dual: Fast-dLLM's
+    approximate reuse of keys/values within a block), --max-new-tokens is the answer region, and
+    --temperature (with --seed) samples each step's candidates: `warpdecode generate --model
+    models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold:threshold=0.8`.
 
     Args:
         model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
         package: an inference package (`warpdecode export`) to run instead of --model; its trained
             drafters run with --method NAME and no path.
-        backend: torch; cudagraphs (--model on --device cuda: decode and verify steps replay CUDA
-            graphs); onnxruntime (the fused graph on the CPU where the package has one),
-            onnxruntime-portable (the standard-ONNX step graph), or onnxruntime-int8 / -int4 (lossy;
-            exported with --quantize), which need --package.
+        backend: the one backend to run on (`bench --backends` compares several; --backends NAME
+            is read as --backend NAME here): torch; cudagraphs (--model on --device cuda: decode and
+            verify steps replay CUDA graphs); onnxruntime (the fused graph on the CPU where the
+            package has one), onnxruntime-portable (the standard-ONNX step graph), or onnxruntime-int8
+            / -int4 (lossy; exported with --quantize), which need --package.
         device: cpu, or cuda (a CUDA device such as cuda:1) for --model on torch; with a package's
             onnxruntime backends also cuda or tensorrt where ONNX Runtime has those providers.
         dtype: precision of --model's weights, activations and KV cache: fp32 (the exactness
@@ -121,23 +126,26 @@ def generate(
         presence_penalty: subtracted from the logit of every token generated so far; also greedy.
         seed: random seed for sampling.
         chat: wrap the prompt in the model's chat template (default: when the model has one).
-        method: decoding method (a drafter from `warpdecode methods`); none = plain decoding (the
-            default, or the method a package was exported with).
-        method_options: the drafter's options as JSON, e.g. '{"layers": 10}' for draft_model.
-
-        verifier: acceptance rule; default: greedy matching, or speculative sampling when sampling.
-        verifier_options: the verifier's options as JSON.
-        controller: draft budget per step: fixed, or adaptive (grows while drafts are accepted).
-        controller_options: the controller's options as JSON, e.g. '{"initial": 4}'.
+        method: decoding method NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
+            options, e.g. draft_model:layers=10:num_tokens=4; none = plain decoding (the default, or
+            the method a package was exported with). Values are int, float, true/false, null or
+            text. One method (`bench --methods` compares several; --methods is read as --method).
+        method_options: deprecated: the drafter's options as JSON; write them in --method NAME:KEY=VALUE.
+        verifier: acceptance rule NAME[:KEY=VALUE...], e.g. judge:path=models/judge:threshold=0.5;
+            default: greedy matching, or speculative sampling when sampling.
+        verifier_options: deprecated: the verifier's options as JSON; write --verifier NAME:KEY=VALUE.
+        controller: draft budget per step NAME[:KEY=VALUE...]: fixed (the default), or adaptive
+            (grows while drafts are accepted), e.g. adaptive:initial=4.
+        controller_options: deprecated: the controller's options as JSON; write --controller NAME:KEY=VALUE.
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
     """
-    from warpdecode.decoding.generate import build_method
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
 
     if temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {temperature}")
+    _check_one(backend, "--backend", "backend", "--backends")
     _check_threads(threads)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -146,15 +154,14 @@ def generate(
         if top_k is not None or top_p is not None or min_p is not None or typical_p is not None:
             raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options or {}, max_new_tokens,
+        _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options, max_new_tokens,
                             json_output, temperature, generator)
         return
-    method = method or default_method
-    built = build_method(method, do_sample=temperature > 0, verifier=verifier,
-                         options=drafter_options.get(method, {}) | (method_options or {}),
-                         verifier_options=(drafter_options.get(verifier, {}) if verifier else {}) | (verifier_options or {}),
-                         controller=controller,
-                         controller_options=controller_options)
+    spec, warnings = _generate_spec(method or default_method, method_options, verifier, verifier_options,
+                                    controller, controller_options)
+    built = spec.with_defaults(drafter_options).build(do_sample=temperature > 0)
+    for line in warnings:  # once the method is built: a refused one is reported in one line
+        print(line, file=sys.stderr)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -189,18 +196,69 @@ def generate(
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
 
 
-def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: str, policy_name: str,
-                        options: dict[str, Any], gen_length: int, json_output: bool, temperature: float,
-                        generator: torch.Generator | None) -> None:
+def _deprecated(flag: str, instead: str) -> str:
+    """The one-line warning for an option form kept for old command lines."""
+    return f"warning: {flag} is deprecated; write {instead}"
+
+
+def _check_one(value: str, flag: str, what: str, plural: str) -> None:
+    """Refuse a comma-separated list where a command runs one backend or method."""
+    from warpdecode.errors import ConfigError
+
+    if "," in value:
+        raise ConfigError(f"{flag} names one {what}, got {value!r}; `warpdecode bench {plural}` compares several")
+
+
+def _generate_spec(method: str, method_options: dict[str, Any] | None, verifier: str | None,
+                   verifier_options: dict[str, Any] | None, controller: str | None,
+                   controller_options: dict[str, Any] | None) -> tuple[MethodSpec, list[str]]:
+    """The method `generate` runs, from --method and --verifier / --controller (each NAME[:KEY=VALUE...]),
+    and a deprecation warning for each JSON options flag given (their options are merged in)."""
+    from warpdecode.decoding.specs import MethodSpec, parse_spec, spec_text
+    from warpdecode.errors import ConfigError
+
+    _check_one(method, "--method", "method", "--methods")
+    name, options = parse_spec(method)
+    warnings = []
+    if method_options is not None:
+        options |= method_options
+        warnings.append(_deprecated("--method-options", f"--method {spec_text(name, options)}"))
+    for kind, text, json_options, default in (("verifier", verifier, verifier_options, None),
+                                              ("controller", controller, controller_options, "fixed")):
+        if text is None and json_options is None:
+            continue
+        if kind in options:
+            raise ConfigError(f"the {kind} is named twice: in --method {method!r} and by --{kind}; give one")
+        if text is None and default is None:
+            raise ConfigError(f"--{kind}-options needs --{kind} NAME (or write --{kind} NAME:KEY=VALUE)")
+        component, component_options = parse_spec(text or str(default))
+        if json_options is not None:
+            component_options |= json_options
+            warnings.append(_deprecated(f"--{kind}-options", f"--{kind} {spec_text(component, component_options)}"))
+        options[kind] = component
+        options |= {f"{kind}.{key}": value for key, value in component_options.items()}
+    return MethodSpec(name, options), warnings
+
+
+def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: str, method: str,
+                        method_options: dict[str, Any] | None, gen_length: int, json_output: bool,
+                        temperature: float, generator: torch.Generator | None) -> None:
     """Decode a masked diffusion LM's answer under a commit policy (`--method`, default one token per step)."""
     from warpdecode.decoding import registry
     from warpdecode.decoding.diffusion.decoder import diffusion_generate, split_decoder_options
+    from warpdecode.decoding.specs import parse_spec, spec_text
     from warpdecode.errors import ConfigError
 
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise ConfigError("this diffusion LM has no tokenizer with an end-of-text token")
-    decoder, options = split_decoder_options(options)
-    policy = registry.build("commit_policy", policy_name, **options)
+    _check_one(method, "--method", "commit policy", "--methods")
+    policy_name, options = parse_spec(method)
+    if method_options is not None:
+        options |= method_options
+    decoder, policy_options = split_decoder_options(options)
+    policy = registry.build("commit_policy", policy_name, **policy_options)
+    if method_options is not None:
+        print(_deprecated("--method-options", f"--method {spec_text(policy_name, options)}"), file=sys.stderr)
     out = diffusion_generate(model, [tokenizer.encode(prompt)], policy, gen_length=gen_length,
                              eos_token_id=tokenizer.eos_token_id, temperature=temperature, generator=generator,
                              **decoder)
@@ -248,7 +306,8 @@ def export(
             for --model).
         hidden_layers: comma-separated hidden states (0..L) the graph returns besides the logits
             (default: L, the final one, which every learned drafter reads).
-        method: default decoding method of `generate --package` (e.g. the kind of an included drafter).
+        method: default decoding method of `generate --package`, NAME[:KEY=VALUE...] (e.g. the kind of
+            an included drafter, hydra:num_tokens=4); its drafter path comes from the package.
         quantize: comma-separated quantised graphs to add: int8 (dynamic: fastest, but a verify
             forward is not batch-invariant) and/or int4 (weight-only); run with --backend
             onnxruntime-int8 / onnxruntime-int4. Lossy: each one's top-1 agreement with the full graph
@@ -256,17 +315,20 @@ def export(
     """
     import time
 
-    from warpdecode.decoding import registry
+    from warpdecode.decoding.specs import parse_method
     from warpdecode.errors import ConfigError
     from warpdecode.export.package import export_package
     from warpdecode.models.checkpoint import load_pretrained
     from warpdecode.runtime.package import InferencePackage
 
     _check_output_directory(out, "export's output")
-    if method is not None:
-        registry.get("drafter", method)  # refused now, not by `generate --package` after a long export
+    generation = {}
+    if method is not None:  # refused now, not by `generate --package` after a long export
+        _check_one(method, "--method", "method", "--methods")
+        spec = parse_method(method)
+        spec.validate(complete=False)
+        generation["method"] = spec.label
     target, tokenizer = load_pretrained(model)
-    generation = {} if method is None else {"method": method}
     start = time.perf_counter()
     try:
         layers = None if hidden_layers is None else tuple(int(x) for x in hidden_layers.split(","))
@@ -313,8 +375,10 @@ def regress(
         check: compare against this record (its prompts, methods and backend).
         prompts: with --record: a JSONL file of prompts (the `prompt` or `text` field of each line), or
             a prompt set of `warpdecode bench` (default: 4 Spec-Bench prompts).
-        methods: with --record: comma-separated methods (the package's drafters need no path).
-        backend: with --record: onnxruntime, onnxruntime-portable or torch.
+        methods: with --record: comma-separated method specs NAME[:KEY=VALUE...], as `bench
+            --methods` (the package's drafters need no path); --method is read as --methods.
+        backend: with --record: the one backend to run, onnxruntime, onnxruntime-portable or torch
+            (--backends NAME is read as --backend NAME).
         max_new_tokens: with --record: tokens generated per prompt.
         tau_tolerance: with --check: allowed relative drop of tau below the recorded value.
     """
@@ -324,6 +388,7 @@ def regress(
 
     if (record is None) == (check is None):
         raise ConfigError("give exactly one of --record FILE or --check FILE")
+    _check_one(backend, "--backend", "backend", "--backends")
     loaded = InferencePackage.load(package)
     if check is not None:
         failures = regression.check(loaded, regression.Record.load(check), tau_tolerance=tau_tolerance)
@@ -534,12 +599,13 @@ def bench(
             --device cuda: decode and verify steps replay CUDA graphs), or with --package onnxruntime,
             onnxruntime-portable, onnxruntime-int8, onnxruntime-int4 (lossy; exported with --quantize).
             Rows on another backend are labelled METHOD@BACKEND; plain greedy on torch is the baseline.
+            --backend is read as --backends (generate and regress run one backend, named --backend).
         methods: comma-separated specs NAME[:KEY=VALUE...]: a drafter from `warpdecode methods` and its
             options, e.g. prompt_lookup:num_tokens=4,draft_model:layers=10 (default none,prompt_lookup). Values
             are int, float, true/false, null or text. In a --config file: a list of specs or of {name: ..., KEY:
             VALUE} mappings. For a diffusion LM: commit policies with their options and the decoder's
             block_length / eot_stop / kv_cache, e.g. threshold:threshold=0.8:eot_stop=true:kv_cache=dual
-            (default every policy).
+            (default every policy). --method is read as --methods (generate runs one, named --method).
         prompts: prompt set(s), comma-separated: spec_bench (default), humaneval, stdlib_code (read from
             $WARPDECODE_DATASETS, default <repo>/../shared/datasets); parallel_bench for a diffusion LM.
         categories: only these comma-separated categories of the sets, e.g. summarization,rag (for

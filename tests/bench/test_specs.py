@@ -73,6 +73,8 @@ def test_bad_specs_raise_config_error(value, message):
         (["--prompts", "no_such_set"], "unknown prompt set 'no_such_set'"),
         (["--limit", "0"], "--limit must be >= 1"),
         (["--peers", "vllm"], "--peers must be one of auto, transformers, none"),
+        (["--method", "no_such_drafter"], "unknown drafter 'no_such_drafter'"),  # --method is read as --methods
+        (["--backend", "bogus"], "--backends must list some of torch"),  # --backend is read as --backends
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(argv, message, tiny_model_dir, tmp_path, capsys):
@@ -82,3 +84,15 @@ def test_cli_bad_input_is_one_line_exit_2(argv, message, tiny_model_dir, tmp_pat
     assert exit_info.value.code == 2
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(("argv", "normalised"), [
+    (["bench", "--backend", "torch", "--method=none"], ["bench", "--backends", "torch", "--methods=none"]),
+    (["generate", "--backends", "torch", "--methods", "x"], ["generate", "--backend", "torch", "--method", "x"]),
+    (["regress", "p", "--backends=torch", "--method", "x"], ["regress", "p", "--backend=torch", "--methods", "x"]),
+    (["export", "out", "--method", "hydra"], ["export", "out", "--method", "hydra"]),
+])
+def test_singular_and_plural_flags_are_read_as_the_commands_own(argv, normalised):
+    from warpdecode.cli import _normalise_flags
+
+    assert _normalise_flags(argv) == normalised

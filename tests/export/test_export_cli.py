@@ -74,9 +74,9 @@ def test_regress_records_then_checks(package, tmp_path, capsys):
     prompts.write_text('{"prompt": "print("}\n{"prompt": "for i in"}\n')
     record = tmp_path / "record.json"
     code, out, err = run(["regress", str(package), "--record", str(record), "--prompts", str(prompts),
-                          "--methods", "none,prompt_lookup", "--max-new-tokens", "8"], capsys)
+                          "--methods", "none,prompt_lookup:num_tokens=3", "--max-new-tokens", "8"], capsys)
     assert code == 0, err
-    assert "prompt_lookup" in out and record.is_file()
+    assert "prompt_lookup:num_tokens=3" in out and record.is_file()
     code, out, _ = run(["regress", str(package), "--check", str(record)], capsys)
     assert code == 0 and "0 regression(s)" in out
     data = json.loads(record.read_text())
@@ -125,8 +125,23 @@ def test_a_packaged_judge_needs_no_path(tiny_model_dir, tmp_path, capsys):
 
     model, _ = load_pretrained(tiny_model_dir)
     judge = judge_package(model, tmp_path / "judge", bias=-10.0)  # approves nothing: greedy's output
-    main(["export", str(tmp_path / "pkg"), "--model", str(tiny_model_dir), "--drafters", judge])
+    main(["export", str(tmp_path / "pkg"), "--model", str(tiny_model_dir), "--drafters", judge,
+          "--method", "prompt_lookup:num_tokens=3"])
     capsys.readouterr()
     reference = generate_json(capsys, "--model", str(tiny_model_dir))["token_ids"]
     judged = generate_json(capsys, "--package", str(tmp_path / "pkg"), "--method", "int4_self", "--verifier", "judge")
     assert judged["token_ids"] == reference
+    default = generate_json(capsys, "--package", str(tmp_path / "pkg"))  # the exported default method spec
+    assert default["token_ids"] == reference and default["stats"]["target_forwards"] < len(reference)
+
+
+@pytest.mark.parametrize(("method", "message"), [
+    ("bogus:num_tokens=3", "unknown drafter 'bogus'"),
+    ("eagle:bogus=1", "drafter 'eagle' has no option(s) ['bogus']; options: "),
+    ("prompt_lookup:num_tokens=many", "method option prompt_lookup.num_tokens must be an int, got 'many'"),
+    ("prompt_lookup,none", "--method names one method"),
+])
+def test_export_refuses_a_bad_default_method_before_exporting(method, message, tiny_model_dir, tmp_path, capsys):
+    code, _, err = run(["export", str(tmp_path / "pkg"), "--model", str(tiny_model_dir), "--method", method], capsys)
+    assert code == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "pkg").exists()

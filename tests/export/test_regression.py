@@ -48,3 +48,12 @@ def test_bad_records_are_refused(tmp_path, tiny_package):
         regression.Record.load(tmp_path / "bad.json")
     with pytest.raises(ConfigError, match="text prompts need a package with a tokenizer"):
         regression.run(InferencePackage.load(tiny_package), ["hello"], ["none"])
+
+
+def test_methods_are_specs_checked_before_any_run(tiny_package, recorded):
+    package = InferencePackage.load(tiny_package)
+    result = regression.run(package, PROMPTS, ["prompt_lookup:num_tokens=3"], max_new_tokens=12)
+    outputs = [r["token_ids"] for r in result.results["prompt_lookup:num_tokens=3"]]
+    assert outputs == [r["token_ids"] for r in recorded.results["none"]]  # lossless
+    with pytest.raises(ConfigError, match=r"has no option\(s\) \['bogus'\]"):
+        regression.run(package, PROMPTS, ["none", "prompt_lookup:bogus=1"])

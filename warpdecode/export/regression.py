@@ -6,7 +6,7 @@ difference: a changed token (the output is no longer what was approved) or a τ 
 one by more than the tolerance (the drafter lost acceptance, so the speedup is gone). The package
 identity is part of the record: checking another model's package fails at once.
 
-    warpdecode regress packages/smollm2 --record regression/smollm2.json --methods none,hydra
+    warpdecode regress packages/smollm2 --record regression/smollm2.json --methods none,hydra,prompt_lookup:num_tokens=4
     warpdecode regress packages/smollm2 --check regression/smollm2.json      # exit 1 on a regression
 
 or from pytest (copy `docs/examples/test_package_regression.py`).
@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdecode.decoding.generate import build_method, generate
+from warpdecode.decoding.generate import generate
+from warpdecode.decoding.specs import parse_method
 from warpdecode.errors import ConfigError
 from warpdecode.runtime.package import InferencePackage
 
@@ -72,7 +73,8 @@ class Record:
 
 def run(package: InferencePackage, prompts: list[Prompt], methods: list[str], *, backend: str = "onnxruntime",
         max_new_tokens: int = 32) -> Record:
-    """Greedy-decode every prompt with every method (the package's drafters need no options)."""
+    """Greedy-decode every prompt with every method, a spec `NAME[:KEY=VALUE...]` (the package's drafters
+    need no options)."""
     if not prompts or not methods:
         raise ConfigError("a regression record needs at least one prompt and one method")
     backbone = package.backbone(backend)
@@ -81,8 +83,8 @@ def run(package: InferencePackage, prompts: list[Prompt], methods: list[str], *,
         raise ConfigError("text prompts need a package with a tokenizer; give token id lists instead")
     options = package.drafter_options()
     record = Record(package.fingerprint, backend, max_new_tokens, prompts, methods)
-    for method in methods:
-        built = build_method(method, options=options.get(method, {}))
+    built_methods = [parse_method(method).with_defaults(options).build(do_sample=False) for method in methods]
+    for method, built in zip(methods, built_methods, strict=True):  # every spec checked before the first run
         record.results[method] = []
         for prompt in prompts:
             out = generate(backbone, tokenizer, prompt, max_new_tokens=max_new_tokens, stop_at_eos=False, method=built)

@@ -10,8 +10,8 @@ original target's greedy answers (the self-distillation of the recipe). The loss
     + sum_k head_decay**(k-1) * soft-CE(head k, the adapted target's own distribution)
 
 The adapted model is a new target: `fit` saves it merged (`<export_dir>-target/`, a model
-directory) and binds the heads' package to it, so `--model <export_dir>-target --method medusa
---method-options '{"path": "<export_dir>"}'` decodes it losslessly with respect to itself. How far
+directory) and binds the heads' package to it, so `--model <export_dir>-target --method
+medusa:path=<export_dir>` decodes it losslessly with respect to itself. How far
 it moved from the original is logged as `lm_agreement` (share of answer positions where its greedy
 choice is still the original's) and measured end to end in docs/benchmarks.md.
 """
