@@ -32,6 +32,8 @@ def test_a_package_opens_each_backend(tiny_package):
     (None, True, ["cudagraphs"], "fp32", ConfigError, "--backend cudagraphs runs --model on --device cuda"),
     (None, True, ["torch"], "bf16", CapabilityError, "a package runs in the precision it was exported in"),
     ("tiny", False, ["torch"], "fp8", ConfigError, "--dtype must be one of fp32, bf16, fp16"),
+    ("tiny", False, ["bogus"], "fp32", ConfigError, "unknown backend 'bogus'; choose from torch, cudagraphs"),
+    (None, True, ["bogus"], "fp32", ConfigError, "unknown backend 'bogus'; choose from torch, cudagraphs"),
 ])
 def test_combinations_that_cannot_run_are_refused_before_loading(model, with_package, backends, dtype, error, message,
                                                                  tiny_model_dir, tiny_package):

@@ -58,6 +58,10 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
             exported in.
         threads: ONNX Runtime's intra-op threads for a package.
     """
+    known = dict.fromkeys([*MODEL_BACKENDS, *BACKENDS])
+    unknown = [b for b in backends if b not in known]
+    if unknown:
+        raise ConfigError(f"unknown backend {unknown[0]!r}; choose from {', '.join(known)}")
     precision = precision_for(dtype, package is not None)
     if package is None:
         other = [b for b in backends if b not in MODEL_BACKENDS]
