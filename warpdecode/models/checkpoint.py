@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -28,17 +27,13 @@ from warpdecode.models.importers.hf import (
     state_dict_from_hf,
     state_dict_to_hf,
 )
-from warpdecode.models.named import NAMED_MODELS, named_model_gguf
+from warpdecode.models.named import NAMED_MODELS, cache_dir, named_model_gguf
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
 
 WEIGHTS_FILE = "model.safetensors"
 MAX_CONFIG_BYTES = 16 << 20
 """A config.json is a few kilobytes; a larger one is not read whole into memory."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode"))
 
 
 def write_checkpoint(
