@@ -44,7 +44,7 @@ pair: $(STAMP)
 bench-pair: pair
 	$(PY) -m warpdecode.cli bench --model qwen2.5-coder-1.5b-instruct \
 		--methods none,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4 \
-		--prompts spec_bench --categories coding,math_reasoning --limit 1 --max_new_tokens 64 \
+		--prompts spec_bench --categories coding,math_reasoning --limit 1 --max-new-tokens 64 \
 		--threads 2 --peers none --out runs/bench-pair
 
 lint: $(STAMP)
