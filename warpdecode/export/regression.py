@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 from warpdecode.runtime.package import InferencePackage
@@ -79,7 +80,7 @@ def run(package: InferencePackage, prompts: list[Prompt], methods: list[str], *,
     tokenizer = package.tokenizer()
     if tokenizer is None and any(isinstance(p, str) for p in prompts):
         raise ConfigError("text prompts need a package with a tokenizer; give token id lists instead")
-    options = package.drafter_options()
+    options = registry.package_options(package.drafter_directories())
     record = Record(package.fingerprint, backend, max_new_tokens, prompts, methods)
     for method in methods:
         built = build_method(method, options=options.get(method, {}))

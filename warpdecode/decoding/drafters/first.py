@@ -19,6 +19,8 @@ PyTorch for them. The routers run once per request.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -46,6 +48,7 @@ def load_layer_router(path: str, target: Backbone) -> tuple[LayerRouter, Drafter
 @register("drafter", "first")
 class RoutedLayerSkip(LayerSkip):
     name: ClassVar[str] = "first"
+    controls: ClassVar[Mapping[str, str]] = MappingProxyType({KIND: "router"})
 
     def __init__(self, router: str | None = None, num_tokens: int = 4, bits: int | None = None,
                  threshold: float | None = None, max_skip: int | None = None) -> None:

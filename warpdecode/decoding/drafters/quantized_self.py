@@ -25,6 +25,8 @@ draft's own proposals run through the quantised copy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -45,6 +47,7 @@ from warpdecode.models.quantized import Bits, quantized_copy
 
 class QuantizedSelfDraft(DraftModel):
     bits: ClassVar[Bits]
+    controls: ClassVar[Mapping[str, str]] = MappingProxyType({"acceptance_head": "acceptance_head"})
 
     def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None,
                  num_nodes: int | None = None, acceptance_head: str | None = None,
