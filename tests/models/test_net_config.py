@@ -11,11 +11,15 @@ from tiny_models import greedy_target
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError
+from warpdecode.models.acceptance_head import AcceptanceHeadConfig
 from warpdecode.models.clover import CloverConfig, CloverNet
 from warpdecode.models.distilled_draft import DistilledConfig, DistilledDraftNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import EagleConfig, EagleNet
+from warpdecode.models.judge_head import JudgeHeadConfig
+from warpdecode.models.layer_router import LayerRouterConfig
 from warpdecode.models.medusa import HeadsConfig, HydraHeads, MedusaHeads
+from warpdecode.models.parallel_filter import ParallelFilterConfig
 from warpdecode.models.ppd import PPDConfig, PromptTokens
 
 # `drafter.json` configs as the training modules wrote them before the typed configurations (key order kept).
@@ -28,6 +32,11 @@ OLD_CONFIGS = [
     (CloverConfig, {"draft_vocab_size": 56, "d_ff": 64}),
     (DistilledConfig, {"draft_vocab_size": 56, "num_layers": 1, "init_layers": [0]}),
     (PPDConfig, {"draft_vocab_size": 56, "num_prompts": 3}),
+    (AcceptanceHeadConfig, {"d_model": 32, "hidden": 256}),
+    (JudgeHeadConfig, {"d_model": 32}),
+    (LayerRouterConfig, {"n_layer": 3, "d_model": 32, "threshold": 0.5, "max_skip": None}),
+    (LayerRouterConfig, {"n_layer": 3, "d_model": 32, "threshold": 0.7, "max_skip": 1}),
+    (ParallelFilterConfig, {"block_length": 8, "hidden": 128}),
 ]
 
 

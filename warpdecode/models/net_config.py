@@ -64,6 +64,8 @@ class NetConfig:
 
     kind: ClassVar[str] = "network"
     """What the configuration describes, for messages."""
+    writes_null: ClassVar[bool] = False
+    """`to_dict` writes unset (None) fields as null instead of leaving them out (as the package always did)."""
 
     def hidden_layers(self, n_layer: int) -> tuple[int, ...]:
         """The target hidden states (0..`n_layer`) the network reads: its final one by default."""
@@ -71,11 +73,11 @@ class NetConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of `drafter.json`'s `config`: fields in order, tuples as lists, unset
-        (None) optional fields left out."""
+        (None) optional fields left out (null with `writes_null`)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is not None:
+            if value is not None or self.writes_null:
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 

@@ -38,7 +38,7 @@ from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.acceptance_head import AcceptanceHead
+from warpdecode.models.acceptance_head import AcceptanceHead, AcceptanceHeadConfig
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.drafter_package import DrafterPackage
@@ -159,7 +159,7 @@ def load_acceptance_head(path: str, target: Backbone) -> AcceptanceHead:
     """The trained head of an `acceptance_head` package, checked to be trained for `target`."""
     package = DrafterPackage.load(path, "acceptance_head")
     package.check_target(target)
-    head = AcceptanceHead(**package.config)
+    head = AcceptanceHead.from_config(AcceptanceHeadConfig.from_dict(package.config, f"{path}/drafter.json"))
     head.load_state_dict(package.weights)
     return head.eval()
 
