@@ -274,13 +274,15 @@ def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: st
 def _load_target(model: str | None, package: Path | None, backend: str, device: str, threads: int | None,
                  dtype: str = "fp32") -> tuple[Backbone, Tokenizer | None, dict[str, dict[str, Any]], str]:
     """The backbone to run, its tokenizer, the drafter options a package supplies, and the default method."""
+    from warpdecode.decoding import registry
     from warpdecode.runtime.load import load_backbones, open_package
 
     loaded = open_package(package)
     backbones, tokenizer = load_backbones(model, loaded, [backend], device=device, dtype=dtype, threads=threads)
     if loaded is None:
         return backbones[backend], tokenizer, {}, "none"
-    return backbones[backend], tokenizer, loaded.drafter_options(), loaded.generation.get("method", "none")
+    options = registry.package_options(loaded.drafter_directories())
+    return backbones[backend], tokenizer, options, loaded.generation.get("method", "none")
 
 
 def export(

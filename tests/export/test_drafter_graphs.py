@@ -11,17 +11,7 @@ from tiny_models import greedy_target
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.models.cache import KVCache
-from warpdecode.runtime.onnx_drafters import (
-    CLOVER_GRAPHS,
-    DISTILLED_GRAPH,
-    EAGLE_GRAPHS,
-    MEDUSA_GRAPH,
-    OnnxClover,
-    OnnxDistilled,
-    OnnxEagle,
-    OnnxHeads,
-    hydra_graph,
-)
+from warpdecode.runtime.onnx_drafters import OnnxClover, OnnxDistilled, OnnxEagle, OnnxHeads
 from warpdecode.runtime.package import InferencePackage
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -36,11 +26,21 @@ def packaged_net(tiny_package, kind: str):
 
 def test_graphs_are_in_the_package(tiny_package):
     files = InferencePackage.load(tiny_package).manifest["files"]
-    assert "drafters/medusa/" + MEDUSA_GRAPH in files
-    assert {f"drafters/hydra/{hydra_graph(k)}" for k in range(1, 5)} <= set(files)
-    assert {f"drafters/eagle/{name}" for name in EAGLE_GRAPHS} <= set(files)
-    assert f"drafters/distilled/{DISTILLED_GRAPH}" in files
-    assert {f"drafters/clover/{name}" for name in CLOVER_GRAPHS} <= set(files)
+    graphs = {kind: packaged_net(tiny_package, kind)[2].graph_files()
+              for kind in ("medusa", "hydra", "eagle", "distilled", "clover")}
+    assert graphs == {"medusa": ["heads.onnx"], "hydra": [f"head_{k}.onnx" for k in range(1, 5)],
+                      "eagle": ["eagle_layer.onnx", "eagle_head.onnx"], "distilled": ["distilled_step.onnx"],
+                      "clover": ["clover_augment.onnx", "clover_step.onnx"]}
+    assert {f"drafters/{kind}/{name}" for kind, names in graphs.items() for name in names} <= set(files)
+
+
+def test_only_drafters_declaring_onnx_graphs_carry_them(tiny_package, drafter_options):
+    """PPD declares no graphs (its prompt tokens run through the target's own graph): none are written."""
+    from warpdecode.export.package import drafter_net
+
+    assert {kind: drafter_net(kind)[1] for kind in ("medusa", "hydra", "eagle", "distilled", "clover", "ppd")} == {
+        "medusa": True, "hydra": True, "eagle": True, "distilled": True, "clover": True, "ppd": False}
+    assert drafter_net("acceptance_head") == (None, False)
 
 
 def test_clover_graphs_equal_the_pytorch_network_with_a_cache(tiny_package):
@@ -87,7 +87,7 @@ def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
 
 def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package):
     directory, target, net = packaged_net(tiny_package, "eagle")
-    graphs = OnnxEagle.find(directory, threads=1)
+    graphs = OnnxEagle.find(directory, net, threads=1)
     assert graphs is not None
     caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]
     tree = torch.tensor([[[True, False, False], [True, True, False], [True, False, True]]])
@@ -123,11 +123,11 @@ def test_graph_logits_equal_the_pytorch_heads(tiny_package, kind):
 def test_drafters_run_their_graphs_on_onnxruntime(tiny_package, kind):
     package = InferencePackage.load(tiny_package)
     ort = package.backbone("onnxruntime", threads=1)
-    method = build_method(kind, options=package.drafter_options()[kind])
+    method = build_method(kind, options=registry.package_options(package.drafter_directories())[kind])
     out = generate(ort, None, [1, 2, 3], max_new_tokens=16, stop_at_eos=False, method=method)
     assert method.drafter.graphs is not None  # type: ignore[attr-defined]
     assert out.token_ids == generate(ort, None, [1, 2, 3], max_new_tokens=16, stop_at_eos=False).token_ids
     # the PyTorch target keeps the PyTorch heads
-    method = build_method(kind, options=package.drafter_options()[kind])
+    method = build_method(kind, options=registry.package_options(package.drafter_directories())[kind])
     generate(package.backbone("torch"), None, [1, 2, 3], max_new_tokens=4, stop_at_eos=False, method=method)
     assert method.drafter.graphs is None  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ import shutil
 import pytest
 from tiny_models import eagle_package, greedy_target, random_model
 
+from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError, ConfigError, PackageIntegrityError
 from warpdecode.export.package import export_package
@@ -41,7 +42,7 @@ def test_manifest_describes_the_package(tiny_package):
 def test_included_drafters_run_without_a_path(tiny_package):
     package = InferencePackage.load(tiny_package)
     backbone = package.backbone("onnxruntime", threads=1)
-    options = package.drafter_options()
+    options = registry.package_options(package.drafter_directories())
     assert set(options) == {"eagle", "medusa", "hydra", "distilled", "clover"} and package.generation == {"method": "hydra"}
     plain = generate(backbone, None, [1, 2, 3], max_new_tokens=12, stop_at_eos=False)
     for kind in options:
@@ -134,7 +135,7 @@ def test_learned_controls_travel_with_the_package_and_reach_their_drafters(tmp_p
                                                    drafters=[head, router, judge]))
     assert package.manifest["drafters"] == {"acceptance_head": "drafters/acceptance_head", "judge": "drafters/judge",
                                             "layer_router": "drafters/layer_router"}
-    options = package.drafter_options()
+    options = registry.package_options(package.drafter_directories())
     assert options == {"int4_self": {"acceptance_head": str(tmp_path / "package/drafters/acceptance_head")},
                        "int8_self": {"acceptance_head": str(tmp_path / "package/drafters/acceptance_head")},
                        "first": {"router": str(tmp_path / "package/drafters/layer_router")},

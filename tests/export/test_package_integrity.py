@@ -12,6 +12,7 @@ import torch
 from tiny_models import greedy_target
 
 from warpdecode.cli import main
+from warpdecode.decoding import registry
 from warpdecode.errors import CheckpointError, PackageIntegrityError
 from warpdecode.io import sha256_file
 from warpdecode.models.drafter_package import DrafterPackage
@@ -50,7 +51,7 @@ def test_the_exported_package_passes_every_check(tiny_package):
     package = InferencePackage.load(tiny_package)
     assert package.verified == set(package.manifest["files"])
     assert package.file("backbone.onnx") == tiny_package / "backbone.onnx"
-    assert set(package.drafter_options()) == {"eagle", "medusa", "hydra", "distilled", "clover"}
+    assert set(registry.package_options(package.drafter_directories())) == {"eagle", "medusa", "hydra", "distilled", "clover"}
 
 
 @pytest.mark.parametrize("outside", ["relative", "absolute"])
@@ -253,7 +254,7 @@ def test_a_drafter_package_does_not_follow_a_symlink_out_of_it(drafter, tmp_path
 
 
 def test_drafter_graphs_stay_inside_their_directory(drafter, tmp_path):
-    net = type("Net", (), {"num_heads": 4})()  # Medusa: one graph, whatever the head count
+    net = type("Net", (), {"graph_files": lambda self: ["heads.onnx"]})()  # Medusa's one graph
     graph = drafter / "heads.onnx"
     assert OnnxHeads.find(drafter, net) is not None
     outside = shutil.copy(graph, tmp_path / "heads.onnx")

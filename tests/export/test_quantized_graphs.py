@@ -8,6 +8,7 @@ import onnx
 import pytest
 import torch
 
+from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.export.package import export_package
@@ -53,7 +54,7 @@ def test_int4_is_batch_invariant_so_speculation_follows_its_greedy(tiny_package)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     plain = generate(int4, None, prompt, max_new_tokens=20, stop_at_eos=False).token_ids
     for name in ("prompt_lookup", "hydra"):
-        method = build_method(name, options=package.drafter_options().get(name, {}))
+        method = build_method(name, options=registry.package_options(package.drafter_directories()).get(name, {}))
         assert generate(int4, None, prompt, max_new_tokens=20, stop_at_eos=False, method=method).token_ids == plain
 
 

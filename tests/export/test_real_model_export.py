@@ -5,6 +5,7 @@ import pytest
 import torch
 from tiny_models import eagle_package, heads_package
 
+from warpdecode.decoding import registry
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.export.package import export_package
 from warpdecode.runtime.package import InferencePackage
@@ -63,7 +64,7 @@ def test_logits_within_tolerance(onnxruntime_backbone, smollm2, prompt):
 
 @pytest.mark.parametrize("method", ["none", "prompt_lookup", "token_recycling", "int4_self", "eagle", "hydra"])
 def test_greedy_identity_on_onnxruntime(onnxruntime_backbone, package, greedy_reference, method):
-    built = build_method(method, options=package.drafter_options().get(method, {}))  # one method serves every prompt
+    built = build_method(method, options=registry.package_options(package.drafter_directories()).get(method, {}))  # one method serves every prompt
     for prompt in PROMPTS:
         out = generate(onnxruntime_backbone, package.tokenizer(), prompt, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
                        method=built)

@@ -140,8 +140,8 @@ def test_checkpoints_leave_out_the_frozen_head(kind, tiny_model_dir):
     restored.load_state_dict(checkpoint["state_dict"])
     assert restored.drafter_initialised()
     assert torch.equal(restored.net.head.weight, module.net.head.weight)
-    assert restored.package_config() == {"draft_vocab_size": 64, "num_heads": 3,
-                                         "num_layers": {"medusa": 1, "hydra": 2}[kind]}
+    assert restored.package_config().to_dict() == {"draft_vocab_size": 64, "num_heads": 3,
+                                                   "num_layers": {"medusa": 1, "hydra": 2}[kind]}
 
 
 def test_bad_hyperparameters_are_refused(tiny_model_dir):

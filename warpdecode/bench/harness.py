@@ -90,7 +90,7 @@ def _checked(config: BenchConfig,
         raise ConfigError("this package holds a masked diffusion LM: bench its model directory with --model "
                           "(commit policies on parallel_bench); the package decodes with generate --package")
     specs = parse_methods(methods if methods is not None else config.methods,
-                          defaults=package.drafter_options() if package else None)
+                          defaults=registry.package_options(package.drafter_directories()) if package else None)
     config.methods = [s.label for s in specs]
     if config.peers not in PEERS:
         raise ConfigError(f"--peers must be one of {', '.join(PEERS)}, got {config.peers!r}")

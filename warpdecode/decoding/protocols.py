@@ -4,6 +4,11 @@ One verify step: the controller gives a budget, the drafter proposes a `DraftTre
 many nodes, the target runs one forward over `[pending] + tree`, the verifier returns the accepted
 root-to-node path plus one token chosen from the target (the *bonus* token: the correction after a
 rejection, or the extra token after a fully accepted path), and the state commits them.
+
+Components subclass their protocol and declare what they need and promise as class attributes
+(`lossless`, `needs_sampling`, `needs_training`, `onnx_graphs`, `controls`...), which the protocols
+declare with their defaults: the engine, `warpdecode methods`, export and the package reader ask the
+class, never a list of names.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
+from warpdecode.models.draft_head import DraftVocabNet
 
 
 @dataclass
@@ -69,9 +75,26 @@ class AcceptResult:
         return cls(path, [int(tree.tokens[c]) for c in path] + [bonus], proposed=tree.depth, divergent=divergent)
 
 
+NO_CONTROLS: Mapping[str, str] = MappingProxyType({})
+
+
 class Drafter(Protocol):
-    needs_hidden_states: ClassVar[tuple[int, ...]]
-    """Target hidden-state layers this drafter reads from `DecodeState.hidden_states`."""
+    """Drafters subclass this protocol and override the capabilities that differ from its defaults."""
+
+    needs_hidden_states: tuple[int, ...] = ()
+    """Target hidden-state layers this drafter reads from `DecodeState.hidden_states` (known after `prepare`)."""
+    lossless: ClassVar[bool] = True
+    """A drafter only proposes: what is emitted is the verifier's choice (see `Verifier.lossless`)."""
+    needs_training: ClassVar[bool] = False
+    """Runs a trained drafter package (`path=`), made with `warpdecode fit`."""
+    net_class: ClassVar[type[DraftVocabNet] | None] = None
+    """The trained network its package holds (`DrafterPackage.load_net`); None: no such network."""
+    onnx_graphs: ClassVar[bool] = False
+    """An inference package holds its network's ONNX graphs too (written by `export.drafter_graphs`, named
+    by `net_class.graph_files`), which it runs on an ONNX Runtime target."""
+    controls: ClassVar[Mapping[str, str]] = NO_CONTROLS
+    """The small learned controls it reads: package kind (`drafter.json`'s `kind`) → the option that
+    takes its directory, which `registry.package_options` fills from an inference package."""
 
     def prepare(self, target: Backbone) -> None:
         """Called before each request's timed decode: load weights or build views of `target` here
@@ -106,6 +129,10 @@ class Verifier(Protocol):
     lossless: ClassVar[bool]
     """Output follows the target exactly: greedy token identity at temperature 0, the target's
     distribution when sampling."""
+    needs_sampling: ClassVar[bool] = False
+    """Runs only when sampling (temperature > 0); greedy decoding refuses it."""
+    needs_training: ClassVar[bool] = False
+    """Runs a trained package (`path=`), made with `warpdecode fit`."""
     needs_hidden_states: tuple[int, ...] = ()
     """Target hidden-state layers `accept` reads (known after `prepare`)."""
 
@@ -125,6 +152,11 @@ class Verifier(Protocol):
 
 
 class Controller(Protocol):
+    """Controllers subclass this protocol."""
+
+    needs_training: ClassVar[bool] = False
+    """Runs a trained package, made with `warpdecode fit`."""
+
     def start(self, state: DecodeState) -> None:
         """Called once per request after the prefill (reset per-request state)."""
 

@@ -1,7 +1,8 @@
 """The one registry of decoding components: `@register("drafter", "prompt_lookup")` on the class.
 
 It is the single source for `warpdecode methods`, the CLI's choices and the exactness suite; nothing
-dispatches on method names anywhere else.
+dispatches on method names anywhere else. What a component needs and promises it declares as class
+attributes of its protocol (`protocols.py`), which `get` and `build` return typed.
 """
 
 from __future__ import annotations
@@ -11,10 +12,17 @@ import inspect
 import os
 import types
 import typing
-from collections.abc import Sequence
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, get_args, get_origin, overload
 
 from warpdecode.errors import ConfigError
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.diffusion.protocols import CommitPolicy
+    from warpdecode.decoding.protocols import Controller, Drafter, Verifier
+
+    Component = Drafter | Verifier | Controller | CommitPolicy
 
 Kind = Literal["drafter", "verifier", "controller", "commit_policy"]
 KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller", "commit_policy")
@@ -48,11 +56,40 @@ def names(kind: Kind) -> list[str]:
     return sorted(_load(kind))
 
 
-def get(kind: Kind, name: str) -> type:
+@overload
+def get(kind: Literal["drafter"], name: str) -> type[Drafter]: ...
+@overload
+def get(kind: Literal["verifier"], name: str) -> type[Verifier]: ...
+@overload
+def get(kind: Literal["controller"], name: str) -> type[Controller]: ...
+@overload
+def get(kind: Literal["commit_policy"], name: str) -> type[CommitPolicy]: ...
+@overload
+def get(kind: Kind, name: str) -> type[Component]: ...
+def get(kind: Kind, name: str) -> type[Component]:
+    """The class registered as `name`; ConfigError listing the registered names otherwise."""
     table = _load(kind)
     if name not in table:
         raise ConfigError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
-    return table[name]
+    return cast("type[Component]", table[name])
+
+
+def package_options(directories: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    """Component name → the options that run an inference package's trained parts, from its drafter
+    directories (package kind → directory, `InferencePackage.drafter_directories`).
+
+    A package kind that drafters read as a small learned control (their `controls`: a SpecDec++
+    acceptance head, FiRST layer routers) goes to each of them under the option they name; any other
+    kind is the package of the component of its name, as `path` (`--method eagle` needs no path, nor
+    does `verifier=judge` with a packaged judge).
+    """
+    readers = {name: get("drafter", name).controls for name in names("drafter")}
+    options: dict[str, dict[str, Any]] = {}
+    for kind, directory in directories.items():
+        read = {name: controls[kind] for name, controls in readers.items() if kind in controls}
+        for name, option in (read or {kind: "path"}).items():
+            options.setdefault(name, {})[option] = str(directory)
+    return options
 
 
 def _parameters(cls: type) -> list[inspect.Parameter]:
@@ -142,7 +179,17 @@ def check_options(kind: Kind, name: str, cls: type, kwargs: dict[str, Any]) -> N
                               f"{_describe(hints[option])}, got {value!r}")
 
 
-def build(kind: Kind, name: str, **kwargs: Any) -> Any:
+@overload
+def build(kind: Literal["drafter"], name: str, **kwargs: Any) -> Drafter: ...
+@overload
+def build(kind: Literal["verifier"], name: str, **kwargs: Any) -> Verifier: ...
+@overload
+def build(kind: Literal["controller"], name: str, **kwargs: Any) -> Controller: ...
+@overload
+def build(kind: Literal["commit_policy"], name: str, **kwargs: Any) -> CommitPolicy: ...
+@overload
+def build(kind: Kind, name: str, **kwargs: Any) -> Component: ...
+def build(kind: Kind, name: str, **kwargs: Any) -> Component:
     """Instantiate a component, turning a wrong option into a ConfigError that lists the valid ones,
     and a value of the wrong type into one that names the option and the type it needs."""
     cls = get(kind, name)

@@ -22,7 +22,8 @@ An inference package stores them beside each drafter package (`drafters/<kind>/`
                        keys / values (Hkv, S, D) (the context) → next_states (M, C), logits (M, N)
 
 (N: the draft vocabulary; the graphs hold the frozen head rows, so they need nothing from the
-target but its features and its token embeddings.)
+target but its features and its token embeddings.) Each network names its files (`graph_files`);
+its writer here is registered for its class (`writes_graphs`), and `export_drafter_graphs` runs it.
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from warpdecode.errors import ConfigError
 from warpdecode.export.onnx_graph import (
     OPSET,
     cache_shapes,
@@ -44,15 +48,34 @@ from warpdecode.export.onnx_graph import (
 from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.clover import CloverNet
 from warpdecode.models.distilled_draft import DistilledDraftNet
+from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.eagle import EagleNet
-from warpdecode.models.medusa import FutureHeads, HydraHeads
-from warpdecode.runtime.onnx_drafters import (
-    CLOVER_GRAPHS,
-    DISTILLED_GRAPH,
-    EAGLE_GRAPHS,
-    MEDUSA_GRAPH,
-    hydra_graph,
-)
+from warpdecode.models.medusa import HydraHeads, MedusaHeads
+
+GraphWriter = Callable[[Any, Path], None]
+"""`(net, directory)`: write the graphs `net.graph_files()` names into `directory`."""
+_WRITERS: dict[type[DraftVocabNet], GraphWriter] = {}
+WriterT = TypeVar("WriterT", bound=GraphWriter)
+
+
+def writes_graphs(net_class: type[DraftVocabNet]) -> Callable[[WriterT], WriterT]:
+    """Register the decorated function as the graph writer of the networks of exactly `net_class`."""
+
+    def wrap(writer: WriterT) -> WriterT:
+        _WRITERS[net_class] = writer
+        return writer
+
+    return wrap
+
+
+def export_drafter_graphs(net: DraftVocabNet, directory: Path) -> list[str]:
+    """Write the graphs of `net` (fp32, as `DrafterPackage.load_net` gives it) into `directory` with the
+    writer registered for its class; the file names written (`net.graph_files()`)."""
+    writer = _WRITERS.get(type(net))
+    if writer is None:
+        raise ConfigError(f"no ONNX graph writer is registered for {type(net).__name__} (`writes_graphs`)")
+    writer(net, directory)
+    return net.graph_files()
 
 
 class _HydraStep(nn.Module):
@@ -94,8 +117,9 @@ class EagleStepGraph(StepGraph):
         return hidden, new_keys, new_values
 
 
-def export_eagle_graphs(net: EagleNet, directory: Path) -> list[str]:
-    """Write the EAGLE layer's step graph and its head's graph into `directory`; the file names."""
+@writes_graphs(EagleNet)
+def export_eagle_graphs(net: EagleNet, directory: Path) -> None:
+    """Write the EAGLE layer's step graph and its head's graph into `directory`."""
     from torch.export import Dim
 
     net.unpack()  # the export traces the dense weights
@@ -107,9 +131,9 @@ def export_eagle_graphs(net: EagleNet, directory: Path) -> list[str]:
     batch, new = Dim("batch"), Dim("new_tokens")
     shapes = {"features": {0: batch, 1: new}, "embeds": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
               "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "past": cache_shapes(1, batch)}
-    export_optimized(EagleStepGraph(net).eval(), inputs, shapes, directory / EAGLE_GRAPHS[0], external_data=False)
-    _export(_Head(net.head), (torch.zeros(2, C),), ["features"], directory / EAGLE_GRAPHS[1])
-    return list(EAGLE_GRAPHS)
+    layer, head = net.graph_files()
+    export_optimized(EagleStepGraph(net).eval(), inputs, shapes, directory / layer, external_data=False)
+    _export(_Head(net.head), (torch.zeros(2, C),), ["features"], directory / head)
 
 
 class DistilledStepGraph(StepGraph):
@@ -128,8 +152,9 @@ class DistilledStepGraph(StepGraph):
         return self.model.head(x.index_select(1, logit_index)), new_keys, new_values
 
 
-def export_distilled_graph(net: DistilledDraftNet, directory: Path) -> list[str]:
-    """Write the distilled draft model's step graph into `directory`; the file names."""
+@writes_graphs(DistilledDraftNet)
+def export_distilled_graph(net: DistilledDraftNet, directory: Path) -> None:
+    """Write the distilled draft model's step graph into `directory`."""
     from torch.export import Dim
 
     net.unpack()  # the export traces the dense weights
@@ -142,8 +167,8 @@ def export_distilled_graph(net: DistilledDraftNet, directory: Path) -> list[str]
     shapes = {"embeds": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
               "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "logit_index": {0: Dim("logits")},
               "past": cache_shapes(config.n_layer, batch)}
-    export_optimized(DistilledStepGraph(net).eval(), inputs, shapes, directory / DISTILLED_GRAPH, external_data=False)
-    return [DISTILLED_GRAPH]
+    (step,) = net.graph_files()
+    export_optimized(DistilledStepGraph(net).eval(), inputs, shapes, directory / step, external_data=False)
 
 
 class CloverAugmentGraph(StepGraph):
@@ -178,8 +203,9 @@ class _CloverStep(nn.Module):
         return x, self.net.logits(x)
 
 
-def export_clover_graphs(net: CloverNet, directory: Path) -> list[str]:
-    """Write Clover's augmenting-block step graph and decoder-step graph into `directory`; the file names."""
+@writes_graphs(CloverNet)
+def export_clover_graphs(net: CloverNet, directory: Path) -> None:
+    """Write Clover's augmenting-block step graph and decoder-step graph into `directory`."""
     from torch.export import Dim
 
     net.unpack()  # the export traces the dense weights
@@ -191,7 +217,8 @@ def export_clover_graphs(net: CloverNet, directory: Path) -> list[str]:
     batch, new = Dim("batch"), Dim("new_tokens")
     shapes = {"features": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
               "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "past": cache_shapes(1, batch)}
-    export_optimized(CloverAugmentGraph(net).eval(), inputs, shapes, directory / CLOVER_GRAPHS[0], external_data=False)
+    augment, step = net.graph_files()
+    export_optimized(CloverAugmentGraph(net).eval(), inputs, shapes, directory / augment, external_data=False)
     rows, context = Dim("rows"), Dim("context")
     step_inputs = (torch.zeros(M, C), torch.zeros(M, C), torch.full((M,), S), torch.zeros(Hkv, S, D),
                    torch.zeros(Hkv, S, D))
@@ -200,10 +227,9 @@ def export_clover_graphs(net: CloverNet, directory: Path) -> list[str]:
                    "values": {1: context}}
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_CloverStep(net).eval(), step_inputs, str(directory / CLOVER_GRAPHS[1]), dynamo=True,
+        torch.onnx.export(_CloverStep(net).eval(), step_inputs, str(directory / step), dynamo=True,
                           dynamic_shapes=step_shapes, input_names=names, output_names=["next_states", "logits"],
                           opset_version=OPSET, external_data=False, verbose=False)
-    return list(CLOVER_GRAPHS)
 
 
 def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path: Path) -> None:
@@ -217,22 +243,18 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], names: list[str], path:
                           output_names=["logits"], opset_version=OPSET, external_data=False, verbose=False)
 
 
-def export_drafter_graphs(net: FutureHeads | EagleNet | DistilledDraftNet | CloverNet, directory: Path) -> list[str]:
-    """Write the graphs of `net` (Medusa or Hydra heads, an EAGLE network, a distilled draft model or a
-    Clover network, fp32, as `load_package_net` gives them) into `directory`; the file names written."""
-    if isinstance(net, EagleNet):
-        return export_eagle_graphs(net, directory)
-    if isinstance(net, CloverNet):
-        return export_clover_graphs(net, directory)
-    if isinstance(net, DistilledDraftNet):
-        return export_distilled_graph(net, directory)
+@writes_graphs(MedusaHeads)
+def export_medusa_graph(net: MedusaHeads, directory: Path) -> None:
+    """Write the Medusa heads' one graph (every head at once) into `directory`."""
+    (heads,) = net.graph_files()
+    _export(net, (torch.zeros(2, net.head.in_features),), ["features"], directory / heads)
+
+
+@writes_graphs(HydraHeads)
+def export_hydra_graphs(net: HydraHeads, directory: Path) -> None:
+    """Write one graph per Hydra head (head k reads the feature and k token embeddings) into `directory`."""
     C = net.head.in_features
-    if isinstance(net, HydraHeads):
-        for k in range(1, net.num_heads + 1):
-            _export(_HydraStep(net, k), (torch.zeros(2, C), torch.zeros(2, k, C)), ["features", "embeds"],
-                    directory / hydra_graph(k))
-        return [hydra_graph(k) for k in range(1, net.num_heads + 1)]
-    _export(net, (torch.zeros(2, C),), ["features"], directory / MEDUSA_GRAPH)
-    return [MEDUSA_GRAPH]
+    for k, name in enumerate(net.graph_files(), start=1):
+        _export(_HydraStep(net, k), (torch.zeros(2, C), torch.zeros(2, k, C)), ["features", "embeds"], directory / name)
 
 

@@ -23,6 +23,7 @@ from warpdecode.export.onnx_graph import OPSET, export_step_graph
 from warpdecode.export.onnx_graph import quantize as quantize_graph
 from warpdecode.export.step_graph import check_hidden_layers
 from warpdecode.io import sha256_file
+from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer
@@ -35,8 +36,24 @@ from warpdecode.runtime.onnx_weights import WEIGHT_PREFIX
 from warpdecode.runtime.onnxruntime import OnnxRuntimeBackbone
 from warpdecode.runtime.package import GRAPH, QUANTIZATIONS
 
-GRAPH_KINDS = ("medusa", "hydra", "eagle", "distilled", "clover")
-"""Drafters whose networks are exported as ONNX graphs too (`export.drafter_graphs`)."""
+
+def drafter_net(kind: str) -> tuple[type[DraftVocabNet] | None, bool]:
+    """The network class a package of `kind` holds and whether the inference package carries its ONNX
+    graphs too, as the drafter registered as `kind` declares them (`net_class`, `onnx_graphs`);
+    (None, False) for a package of another component (a control, a judge)."""
+    if kind not in registry.names("drafter"):
+        return None, False
+    drafter = registry.get("drafter", kind)
+    return drafter.net_class, drafter.onnx_graphs
+
+
+def read_layers(package: DrafterPackage, n_layer: int) -> tuple[int, ...]:
+    """The target hidden states the network of `package` reads (its typed config's `hidden_layers`;
+    the final one for a package without a drafter network)."""
+    net_class, _ = drafter_net(package.kind)
+    if net_class is None:
+        return (n_layer,)
+    return net_class.config_class.from_dict(package.config, f"{package.kind} drafter.json").hidden_layers(n_layer)
 
 
 def _file_table(directory: Path) -> dict[str, dict[str, Any]]:
@@ -74,18 +91,17 @@ def export_package(
     out = Path(out)
     fingerprint = model.fingerprint()
     included: dict[str, DrafterPackage] = {}
-    sources: dict[str, Path] = {}
     for path in drafters:
         package = DrafterPackage.load(path)
         package.check_target(model)
         kind = package.kind
         if kind in included:
             raise ConfigError(f"two {kind} drafters given; a package holds one drafter of each kind")
-        included[kind], sources[kind] = package, Path(path)
+        included[kind] = package
     unknown = set(quantize) - set(QUANTIZATIONS)
     if unknown:
         raise ConfigError(f"quantization must be among {', '.join(QUANTIZATIONS)}, got {sorted(unknown)}")
-    read = {j for package in included.values() for j in package.config.get("feature_layers", [model.config.n_layer])}
+    read = {j for package in included.values() for j in read_layers(package, model.config.n_layer)}
     layers = hidden_layers if hidden_layers is not None else tuple(sorted({model.config.n_layer, *read}))
     if not read <= set(layers):
         raise ConfigError(f"the drafters read hidden states {sorted(read)}; export them "
@@ -105,9 +121,9 @@ def export_package(
             tokenizer.save(tmp)
         for kind, package in included.items():
             package.save(tmp / "drafters" / kind)
-            if kind in GRAPH_KINDS:
-                drafter = registry.build("drafter", kind, path=str(sources[kind]))
-                export_drafter_graphs(drafter.load_net(model), tmp / "drafters" / kind)
+            net_class, graphs = drafter_net(kind)
+            if net_class is not None and graphs:
+                export_drafter_graphs(package.load_net(model, net_class, kind), tmp / "drafters" / kind)
         variants = {}
         head = None if model.lm_head is None else model.lm_head.weight.detach()
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warpdecode.decoding import registry
 from warpdecode.decoding.generate import generate
 from warpdecode.decoding.specs import parse_method
 from warpdecode.errors import ConfigError
@@ -81,7 +82,7 @@ def run(package: InferencePackage, prompts: list[Prompt], methods: list[str], *,
     tokenizer = package.tokenizer()
     if tokenizer is None and any(isinstance(p, str) for p in prompts):
         raise ConfigError("text prompts need a package with a tokenizer; give token id lists instead")
-    options = package.drafter_options()
+    options = registry.package_options(package.drafter_directories())
     record = Record(package.fingerprint, backend, max_new_tokens, prompts, methods)
     built_methods = [parse_method(method).with_defaults(options).build(do_sample=False) for method in methods]
     for method, built in zip(methods, built_methods, strict=True):  # every spec checked before the first run

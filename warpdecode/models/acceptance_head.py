@@ -12,10 +12,14 @@ it will not. Trained with BCE on the drafter's predictions along the target's ow
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Self
+
 import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.models.net_config import NetConfig
 
 NUM_SIGNALS = 2
 
@@ -26,7 +30,20 @@ def draft_signals(logits: Tensor) -> Tensor:
     return torch.stack([logp.max(-1).values.exp(), -(logp.exp() * logp).sum(-1)], dim=-1)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AcceptanceHeadConfig(NetConfig):
+    """An `acceptance_head` package's head."""
+
+    kind = "acceptance head"
+    d_model: int
+    hidden: int = 256
+
+
 class AcceptanceHead(nn.Module):
+    @classmethod
+    def from_config(cls, config: AcceptanceHeadConfig) -> Self:
+        return cls(config.d_model, config.hidden)
+
     def __init__(self, d_model: int, hidden: int = 256) -> None:
         super().__init__()
         if d_model < 1 or hidden < 1:

@@ -22,6 +22,9 @@ and keys.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Self
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -30,7 +33,17 @@ from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
+from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import MLP, Attention, Transformer, make_norm, rotate_half
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CloverConfig(NetConfig):
+    """A Clover package's network."""
+
+    kind = "Clover network"
+    draft_vocab_size: int
+    d_ff: int
 
 
 class CloverNet(DraftVocabNet):
@@ -38,6 +51,7 @@ class CloverNet(DraftVocabNet):
     the target's (passed in, never stored here)."""
 
     head_key = "augment.lm_head.weight"
+    config_class = CloverConfig
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None) -> None:
         super().__init__(draft_vocab_size)
@@ -51,6 +65,15 @@ class CloverNet(DraftVocabNet):
         self.mlp_norm = make_norm(self.config)
         self.mlp = MLP(self.config)
         self.out_norm = make_norm(self.config)
+
+    @classmethod
+    def from_config(cls, target: ModelConfig, config: CloverConfig) -> Self:
+        return cls(target, config.draft_vocab_size, config.d_ff)
+
+    def graph_files(self) -> list[str]:
+        """The augmenting block's step graph (→ states, new_keys / new_values and the decoder's
+        context_keys / context_values) and the decoder step's (→ next_states, logits)."""
+        return ["clover_augment.onnx", "clover_step.onnx"]
 
     @property
     def head(self) -> Linear:

@@ -14,6 +14,9 @@ plus the small head.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Self
+
 import torch
 from torch import Tensor, nn
 
@@ -21,6 +24,7 @@ from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
+from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import Transformer
 
 
@@ -42,16 +46,37 @@ def check_init_layers(layers: list[int], n_layer: int) -> None:
         raise ConfigError(f"init_layers must be strictly increasing block indices in 0..{n_layer - 1}, got {layers}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistilledConfig(NetConfig):
+    """A distilled draft package's network."""
+
+    kind = "distilled draft model"
+    draft_vocab_size: int
+    num_layers: int
+    init_layers: tuple[int, ...] | None = None
+    """The target blocks its blocks started from (recorded only)."""
+
+
 class DistilledDraftNet(DraftVocabNet):
     """`n_layer` blocks + norm + frozen reduced head over the target's token embedding (passed in)."""
 
     head_key = "model.lm_head.weight"
+    config_class = DistilledConfig
 
     def __init__(self, target_config: ModelConfig, n_layer: int, draft_vocab_size: int) -> None:
         super().__init__(draft_vocab_size)
         self.config = draft_backbone_config(target_config, n_layer, draft_vocab_size)
         self.model = Transformer(self.config)
         del self.model.embed  # the target's embedding feeds `inputs_embeds`
+
+    @classmethod
+    def from_config(cls, target: ModelConfig, config: DistilledConfig) -> Self:
+        return cls(target, config.num_layers, config.draft_vocab_size)
+
+    def graph_files(self) -> list[str]:
+        """The step graph: embeds, position_ids, attention_mask, logit_index, past_key_i / past_value_i
+        → logits (B, K, N), new_keys / new_values."""
+        return ["distilled_step.onnx"]
 
     def init_from_target(self, target: Transformer, init_layers: list[int], draft_vocab: Tensor) -> None:
         """Blocks copied from the target's `init_layers`, the target's final norm, and the head tied to

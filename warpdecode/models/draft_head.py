@@ -9,7 +9,8 @@ the target (`tie_head`) when the package is loaded.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, cast
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self, cast
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.config import ModelConfig
+from warpdecode.models.net_config import NetConfig
 
 
 def draft_backbone_config(target: ModelConfig, n_layer: int, draft_vocab_size: int, d_ff: int | None = None) -> ModelConfig:
@@ -28,11 +30,30 @@ def draft_backbone_config(target: ModelConfig, n_layer: int, draft_vocab_size: i
 
 
 class DraftVocabNet(nn.Module):
-    """Base of the drafter networks: the `draft_vocab` buffer and the frozen head found at `head_key`."""
+    """Base of the drafter networks: the `draft_vocab` buffer and the frozen head found at `head_key`,
+    built from a typed configuration (`config_class`, `from_config`) and naming the ONNX graphs it
+    exports into an inference package (`graph_files`)."""
 
     draft_vocab: Tensor  # (N,) int64: target token id of each draft-vocabulary entry (a buffer)
     head_key: ClassVar[str]
     """State-dict key of the frozen head's weight (a bias-free `Linear` (N, C))."""
+    config_class: ClassVar[type[NetConfig]]
+    """The configuration a drafter package stores for this network (`drafter.json`'s `config`)."""
+
+    @classmethod
+    def from_config(cls, target: ModelConfig, config: Any) -> Self:
+        """An untrained network of `config` (an instance of `config_class`) for a target of `target`."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_package_config(cls, target: ModelConfig, config: Mapping[str, Any], where: str = "drafter.json") -> Self:
+        """An untrained network of a package's `config` object (checked by `config_class.from_dict`)."""
+        return cls.from_config(target, cls.config_class.from_dict(config, where))
+
+    def graph_files(self) -> list[str]:
+        """The ONNX graphs of this network in an inference package's drafter directory (written by
+        `export.drafter_graphs`, run by `runtime.onnx_drafters`); none by default."""
+        return []
 
     def __init__(self, draft_vocab_size: int) -> None:
         super().__init__()

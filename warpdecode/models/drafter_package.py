@@ -20,20 +20,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from warpdecode.errors import CheckpointError
+from warpdecode.errors import CheckpointError, ConfigError
 from warpdecode.io import atomic_directory
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.draft_head import DraftVocabNet
 
 FORMAT = "warpdecode-drafter"
 VERSION = 1
 META_FILE = "drafter.json"
 WEIGHTS_FILE = "drafter.safetensors"
+
+NetT = TypeVar("NetT", bound=DraftVocabNet)
 
 
 @dataclass
@@ -62,6 +66,21 @@ class DrafterPackage:
                 f"but the target is another model (fingerprint {found}, {target.config.n_layer} layers, "
                 f"d_model {target.config.d_model}); train a drafter for this target with `warpdecode fit`"
             )
+
+    def load_net(self, target: Backbone, net_class: type[NetT], where: str | Path = "drafter package") -> NetT:
+        """The trained network of this package for `target` (checked to be the target it was trained for,
+        `CheckpointError` otherwise): `net_class` built from the package's typed config
+        (`from_package_config`), the weights loaded and the frozen head rebuilt from the target; on the
+        target's device and dtype, in eval mode. `where`: the package, for messages."""
+        self.check_target(target)
+        with torch.inference_mode(False):  # drafters prepare under inference mode; packing needs normal tensors
+            net = net_class.from_package_config(target.config, self.config, f"{where}/{META_FILE}")
+            missing, unexpected = net.load_state_dict(self.weights, strict=False)
+            if unexpected or set(missing) != {net.head_key}:
+                raise ConfigError(f"{where}: drafter weights do not match its config "
+                                  f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+            net.tie_head(target)
+            return net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
 
     def save(self, directory: str | Path) -> Path:
         """Write atomically: a half-written package never appears under `directory`."""

@@ -27,8 +27,9 @@ layers still carry what the final one discards for predicting only the next toke
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import cast
+from typing import Self, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,7 @@ from warpdecode.kernels.packed_linear import Linear
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
+from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import Block, Transformer, rotate_half
 
 
@@ -82,11 +84,26 @@ def shift_left(x: Tensor, by: int, length: int) -> Tensor:
     return torch.cat([out, pad], dim=1)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EagleConfig(NetConfig):
+    """An EAGLE package's network."""
+
+    kind = "EAGLE network"
+    draft_vocab_size: int
+    d_ff: int
+    feature_layers: tuple[int, ...] | None = None
+    """The target hidden states fused into its feature (EAGLE-3); None: the final one only."""
+
+    def hidden_layers(self, n_layer: int) -> tuple[int, ...]:
+        return self.feature_layers if self.feature_layers is not None else (n_layer,)
+
+
 class EagleNet(DraftVocabNet):
     """fc + one decoder block + norm + frozen reduced LM head. The token embedding is the target's
     (passed in, never stored here)."""
 
     head_key = "layer.lm_head.weight"
+    config_class = EagleConfig
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None,
                  feature_layers: Sequence[int] | None = None) -> None:
@@ -104,6 +121,15 @@ class EagleNet(DraftVocabNet):
         self.fc = Linear(2 * C, C, bias=True)
         self.layer = Transformer(self.config)
         del self.layer.embed  # the pair input replaces the token embedding (`inputs_embeds`)
+
+    @classmethod
+    def from_config(cls, target: ModelConfig, config: EagleConfig) -> Self:
+        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers)
+
+    def graph_files(self) -> list[str]:
+        """The layer's step graph (features, embeds, position_ids, attention_mask, past_key_0 /
+        past_value_0 → hidden, new_keys, new_values) and the head's (features (M, C) → logits (M, N))."""
+        return ["eagle_layer.onnx", "eagle_head.onnx"]
 
     @property
     def head(self) -> Linear:

@@ -14,10 +14,14 @@ rollouts (`datamodules/judge.py`).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Self
+
 import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.models.net_config import NetConfig
 
 NUM_SIGNALS = 3
 
@@ -30,7 +34,19 @@ def judge_signals(logits: Tensor, tokens: Tensor) -> Tensor:
     return torch.stack([token_logp, logp.max(-1).values, -(logp.exp() * logp).sum(-1)], dim=-1)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JudgeHeadConfig(NetConfig):
+    """A `judge` package's head."""
+
+    kind = "judge head"
+    d_model: int
+
+
 class JudgeHead(nn.Module):
+    @classmethod
+    def from_config(cls, config: JudgeHeadConfig) -> Self:
+        return cls(config.d_model)
+
     def __init__(self, d_model: int) -> None:
         super().__init__()
         if d_model < 1:

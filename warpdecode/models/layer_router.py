@@ -11,10 +11,14 @@ model (`modules/layer_router.py`); at decoding a block is skipped when its gate 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar, Self
+
 import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.models.net_config import NetConfig
 
 
 def prompt_means(hidden: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -35,7 +39,25 @@ def prompt_means(hidden: Tensor, mask: Tensor | None = None) -> Tensor:
     return mean * torch.rsqrt(mean.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerRouterConfig(NetConfig):
+    """A `layer_router` package's routers and the decisions decoding takes by default."""
+
+    kind = "layer router"
+    writes_null: ClassVar[bool] = True
+    n_layer: int
+    d_model: int
+    threshold: float = 0.5
+    """A block whose gate is below this is skipped."""
+    max_skip: int | None = None
+    """Skip at most this many blocks (None: no limit)."""
+
+
 class LayerRouter(nn.Module):
+    @classmethod
+    def from_config(cls, config: LayerRouterConfig) -> Self:
+        return cls(config.n_layer, config.d_model)
+
     def __init__(self, n_layer: int, d_model: int, init_bias: float = 3.0) -> None:
         """Args:
         n_layer: L, the target's blocks.

@@ -20,16 +20,32 @@ the identity on the feature and zero on the embeddings.
 
 from __future__ import annotations
 
-from typing import cast
+import dataclasses
+from typing import Any, Self, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.kernels.packed_linear import Linear
+from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.eagle import shift_left
+from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import Transformer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeadsConfig(NetConfig):
+    """A Medusa or Hydra package's heads."""
+
+    kind = "draft heads"
+    draft_vocab_size: int
+    num_heads: int
+    num_layers: int
+    """Residual blocks per head."""
+    medusa2: dict[str, Any] | None = None
+    """Medusa-2 heads: the LoRA adapters trained with them (`lora_rank`, `lora_targets`), recorded only."""
 
 
 class ResBlock(nn.Module):
@@ -65,6 +81,7 @@ class FutureHeads(DraftVocabNet):
     `d_model * inputs(k)` values."""
 
     head_key = "head.weight"
+    config_class = HeadsConfig
 
     def __init__(self, d_model: int, draft_vocab_size: int, num_heads: int, num_layers: int) -> None:
         super().__init__(draft_vocab_size)
@@ -77,6 +94,10 @@ class FutureHeads(DraftVocabNet):
             for k in range(1, num_heads + 1)
         )
         self.head = Linear(d_model, draft_vocab_size, bias=False)
+
+    @classmethod
+    def from_config(cls, target: ModelConfig, config: HeadsConfig) -> Self:
+        return cls(target.d_model, config.draft_vocab_size, config.num_heads, config.num_layers)
 
     def inputs(self, k: int) -> int:
         """How many d_model-wide vectors head k reads."""
@@ -110,6 +131,10 @@ class MedusaHeads(FutureHeads):
     def inputs(self, k: int) -> int:
         return 1
 
+    def graph_files(self) -> list[str]:
+        """features (M, C) → logits (M, K, N), every head at once."""
+        return ["heads.onnx"]
+
     def forward(self, features: Tensor) -> Tensor:
         """Args:
             features: (..., C) target features f_i.
@@ -124,6 +149,10 @@ class HydraHeads(FutureHeads):
 
     def inputs(self, k: int) -> int:
         return k + 1
+
+    def graph_files(self) -> list[str]:
+        """Head k = 1..K: features (M, C), embeds (M, k, C) → logits (M, N)."""
+        return [f"head_{k}.onnx" for k in range(1, self.num_heads + 1)]
 
     def step(self, k: int, features: Tensor, embeds: Tensor) -> Tensor:
         """Head k at inference, on one row per draft-tree node.

@@ -9,10 +9,14 @@ will finally write there. Trained post hoc with BCE on the model's own decoding 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Self
+
 import torch
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.models.net_config import NetConfig
 
 
 def block_inputs(confidence: Tensor, masked: Tensor, block: Tensor) -> tuple[Tensor, Tensor]:
@@ -27,7 +31,20 @@ def block_inputs(confidence: Tensor, masked: Tensor, block: Tensor) -> tuple[Ten
     return confidence[block].view(B, -1), masked[block].view(B, -1)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelFilterConfig(NetConfig):
+    """A `learn2pd` package's filter."""
+
+    kind = "parallel-decoding filter"
+    block_length: int
+    hidden: int = 128
+
+
 class ParallelFilter(nn.Module):
+    @classmethod
+    def from_config(cls, config: ParallelFilterConfig) -> Self:
+        return cls(config.block_length, config.hidden)
+
     def __init__(self, block_length: int, hidden: int = 128) -> None:
         super().__init__()
         if block_length < 1 or hidden < 1:

@@ -15,18 +15,33 @@ the guesses are ranked over (`draft_head.DraftVocabNet`) are not.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Self
+
 import torch
 from torch import Tensor, nn
 
 from warpdecode.kernels.packed_linear import Linear
+from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet
+from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import Transformer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PPDConfig(NetConfig):
+    """A PPD package's prompt tokens."""
+
+    kind = "PPD prompt tokens"
+    draft_vocab_size: int
+    num_prompts: int
 
 
 class PromptTokens(DraftVocabNet):
     """The K prompt embeddings and the frozen reduced-vocabulary head their features are read through."""
 
     head_key = "head.weight"
+    config_class = PPDConfig
 
     def __init__(self, d_model: int, draft_vocab_size: int, num_prompts: int) -> None:
         super().__init__(draft_vocab_size)
@@ -34,6 +49,10 @@ class PromptTokens(DraftVocabNet):
             raise ValueError(f"need num_prompts >= 1, got {num_prompts}")
         self.prompts = nn.Parameter(torch.zeros(num_prompts, d_model))  # (K, C)
         self.head = Linear(d_model, draft_vocab_size, bias=False)
+
+    @classmethod
+    def from_config(cls, target: ModelConfig, config: PPDConfig) -> Self:
+        return cls(target.d_model, config.draft_vocab_size, config.num_prompts)
 
     @property
     def num_prompts(self) -> int:

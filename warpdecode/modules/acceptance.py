@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from warpdecode.models.acceptance_head import AcceptanceHead
+from warpdecode.models.acceptance_head import AcceptanceHead, AcceptanceHeadConfig
 from warpdecode.modules.token_classifier import TokenClassifierModule
 
 
@@ -28,6 +28,6 @@ class AcceptanceHeadModule(TokenClassifierModule):
             weight_decay: AdamW weight decay.
             export_dir: Where the head package is written at the end of `fit` (default `acceptance_head/` in the run).
         """
-        super().__init__(AcceptanceHead(d_model, hidden), {"d_model": d_model, "hidden": hidden}, lr, weight_decay,
-                         export_dir)
+        config = AcceptanceHeadConfig(d_model=d_model, hidden=hidden)
+        super().__init__(AcceptanceHead.from_config(config), config.to_dict(), lr, weight_decay, export_dir)
         self.save_hyperparameters()

@@ -9,13 +9,11 @@ included (the Hydra++ teacher loss, with Clover's regressive network).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.clover import CloverNet
+from warpdecode.models.clover import CloverConfig, CloverNet
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
@@ -96,5 +94,5 @@ class CloverDrafter(DrafterModule):
         columns = [self.ranks_of(logits, batch, 1 + k) for k, logits in enumerate(outputs, start=1)]
         return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, steps)
 
-    def package_config(self) -> dict[str, Any]:
-        return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff}
+    def package_config(self) -> CloverConfig:
+        return CloverConfig(draft_vocab_size=self.net.config.vocab_size, d_ff=self.net.config.d_ff)

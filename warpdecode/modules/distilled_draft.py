@@ -14,13 +14,16 @@ depth (`ranks`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.distilled_draft import DistilledDraftNet, check_init_layers, spread_layers
+from warpdecode.models.distilled_draft import (
+    DistilledConfig,
+    DistilledDraftNet,
+    check_init_layers,
+    spread_layers,
+)
 from warpdecode.models.eagle import shift_left
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule
@@ -109,6 +112,6 @@ class DistilledDraftDrafter(DrafterModule):
         depth_ranks = torch.where(label_at < batch["lengths"][:, None, None], depth_ranks, self.hparams["max_rank"])
         return depth_ranks[batch["answer_mask"][:, 1:]]  # (M, depth)
 
-    def package_config(self) -> dict[str, Any]:
-        return {"draft_vocab_size": self.net.config.vocab_size, "num_layers": self.net.config.n_layer,
-                "init_layers": self.init_layers}
+    def package_config(self) -> DistilledConfig:
+        return DistilledConfig(draft_vocab_size=self.net.config.vocab_size, num_layers=self.net.config.n_layer,
+                               init_layers=tuple(self.init_layers))

@@ -31,6 +31,7 @@ from warpdecode.metrics.plots import plot_acceptance
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import shift_left
+from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import Transformer
 from warpdecode.modules.causal_lm import warmup_cosine
 from warpdecode.modules.frozen_target import FrozenTarget
@@ -215,7 +216,8 @@ class DrafterModule(FrozenTarget, LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- the package ------------------------------------------------------------------------
-    def package_config(self) -> dict[str, Any]:
+    def package_config(self) -> NetConfig:
+        """The network's typed configuration, written into the package (`drafter.json`'s `config`)."""
         raise NotImplementedError
 
     def package_weights(self) -> dict[str, Tensor]:
@@ -243,7 +245,8 @@ class DrafterModule(FrozenTarget, LightningModule):
             training["val_tau_chain"] = round(simulated_tau(ranks, chain(ranks.shape[1])), 4)
             training["val_starts"] = int(ranks.shape[0])
         described = DrafterPackage.describe_target(target or self.target, source or self.hparams["target"])
-        return DrafterPackage(self.kind, described, self.package_config(), self.package_weights(), tree, training)
+        return DrafterPackage(self.kind, described, self.package_config().to_dict(), self.package_weights(), tree,
+                              training)
 
     def save_package(self, package: DrafterPackage) -> Path:
         """Write `package` to the export path, with `acceptance.png` (`metrics.plots`) when validated,

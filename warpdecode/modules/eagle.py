@@ -11,14 +11,12 @@ cache holds only the final layer).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.eagle import EagleNet
+from warpdecode.models.eagle import EagleConfig, EagleNet
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule, distillation_loss, valid_starts
 
@@ -115,6 +113,6 @@ class EagleDrafter(DrafterModule):
         columns = [self.ranks_of(logits, batch, 2 + k) for k, (_, logits) in enumerate(outputs)]
         return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, steps)
 
-    def package_config(self) -> dict[str, Any]:
-        return {"draft_vocab_size": self.net.config.vocab_size, "d_ff": self.net.config.d_ff,
-                "feature_layers": list(self.net.feature_layers)}
+    def package_config(self) -> EagleConfig:
+        return EagleConfig(draft_vocab_size=self.net.config.vocab_size, d_ff=self.net.config.d_ff,
+                           feature_layers=self.net.feature_layers)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from warpdecode.decoding.verifiers.judge import KIND
-from warpdecode.models.judge_head import JudgeHead
+from warpdecode.models.judge_head import JudgeHead, JudgeHeadConfig
 from warpdecode.modules.token_classifier import TokenClassifierModule
 
 
@@ -29,5 +29,6 @@ class JudgeModule(TokenClassifierModule):
             weight_decay: AdamW weight decay.
             export_dir: Where the judge package is written at the end of `fit` (default `judge/` in the run).
         """
-        super().__init__(JudgeHead(d_model), {"d_model": d_model}, lr, weight_decay, export_dir)
+        config = JudgeHeadConfig(d_model=d_model)
+        super().__init__(JudgeHead.from_config(config), config.to_dict(), lr, weight_decay, export_dir)
         self.save_hyperparameters()

@@ -31,7 +31,7 @@ from torchmetrics import MeanMetric
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.layer_router import LayerRouter, prompt_means, skipped_layers
+from warpdecode.models.layer_router import LayerRouter, LayerRouterConfig, prompt_means, skipped_layers
 from warpdecode.modules.frozen_target import FrozenTarget
 from warpdecode.modules.run_outputs import last_logged, output_dir
 
@@ -183,8 +183,8 @@ class LayerRouterModule(FrozenTarget, LightningModule):
         training: dict[str, Any] = {"optimizer_steps": self.global_step, **getattr(datamodule, "stats", {}),
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         training.update(last_logged(self.trainer, ("val/skipped", "val/kl_hard", "val/agreement_hard", "val/kl_soft")))
-        config = {"n_layer": self.router.n_layer, "d_model": self.router.d_model,
-                  "threshold": self.hparams["threshold"], "max_skip": self.hparams["max_skip"]}
+        config = LayerRouterConfig(n_layer=self.router.n_layer, d_model=self.router.d_model,
+                                   threshold=self.hparams["threshold"], max_skip=self.hparams["max_skip"]).to_dict()
         weights = {k: v.detach().float() for k, v in self.router.state_dict().items()}
         return DrafterPackage(KIND, DrafterPackage.describe_target(self.target, self.hparams["target"]), config,
                               weights, training=training)

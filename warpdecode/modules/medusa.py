@@ -11,13 +11,13 @@ tokens were all accepted does.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
-from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
+from warpdecode.models.medusa import FutureHeads, HeadsConfig, HydraHeads, MedusaHeads
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
@@ -105,9 +105,9 @@ class FutureHeadsDrafter(DrafterModule):
         columns = [self.ranks_of(logits[:, :n, k - 1], batch, 1 + k) for k in range(1, self.net.num_heads + 1)]
         return torch.stack(columns, dim=-1)[batch["answer_mask"][:, 1:]]  # (M, K)
 
-    def package_config(self) -> dict[str, Any]:
-        return {"draft_vocab_size": int(self.net.draft_vocab.numel()), "num_heads": self.net.num_heads,
-                "num_layers": self.net.num_layers}
+    def package_config(self) -> HeadsConfig:
+        return HeadsConfig(draft_vocab_size=int(self.net.draft_vocab.numel()), num_heads=self.net.num_heads,
+                           num_layers=self.net.num_layers)
 
 
 class MedusaDrafter(FutureHeadsDrafter):

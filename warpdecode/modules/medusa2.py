@@ -18,6 +18,7 @@ choice is still the original's) and measured end to end in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch import Tensor
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.lora import ATTENTION, attach_lora, merged
+from warpdecode.models.medusa import HeadsConfig
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.modules.medusa import MedusaDrafter
 
@@ -124,6 +126,6 @@ class Medusa2Drafter(MedusaDrafter):
         directory = self.save_package(self.package(model, str(model_dir)))
         rank_zero_info(f"saved the adapted target to {model_dir} and its medusa heads to {directory}")
 
-    def package_config(self) -> dict[str, Any]:
-        return super().package_config() | {"medusa2": {"lora_rank": self.hparams["lora_rank"],
-                                                       "lora_targets": self.hparams["lora_targets"] or list(ATTENTION)}}
+    def package_config(self) -> HeadsConfig:
+        return dataclasses.replace(super().package_config(), medusa2={
+            "lora_rank": self.hparams["lora_rank"], "lora_targets": self.hparams["lora_targets"] or list(ATTENTION)})

@@ -24,7 +24,7 @@ from torchmetrics.classification import BinaryPrecision, BinaryRecall
 from warpdecode.datamodules.trajectories import TrajectoryDataModule
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.parallel_filter import ParallelFilter
+from warpdecode.models.parallel_filter import ParallelFilter, ParallelFilterConfig
 from warpdecode.modules.run_outputs import last_logged, output_dir
 
 
@@ -94,7 +94,7 @@ class ParallelFilterModule(LightningModule):
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         training.update(last_logged(self.trainer, ("val/precision", "val/recall", "val/loss")))
         target = DrafterPackage.describe_target(datamodule.target, datamodule.model_source)
-        config = {"block_length": self.hparams["block_length"], "hidden": self.hparams["hidden"]}
+        config = ParallelFilterConfig(block_length=self.hparams["block_length"], hidden=self.hparams["hidden"]).to_dict()
         weights = {k: v.detach().float() for k, v in self.filter.state_dict().items()}
         return DrafterPackage("learn2pd", target, config, weights, training=training)
 

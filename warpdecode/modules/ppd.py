@@ -16,15 +16,13 @@ the same starts and the ranks (hence τ and the stored tree) are comparable acro
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.metrics.drafting import label_ranks
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.models.ppd import PromptTokens, appended_prompt_layout
+from warpdecode.models.ppd import PPDConfig, PromptTokens, appended_prompt_layout
 from warpdecode.modules.drafter import DrafterModule
 
 
@@ -158,5 +156,5 @@ class PPDDrafter(DrafterModule):
         ranks = label_ranks(logits.flatten(0, 2).float(), labels.flatten(), self.hparams["max_rank"])
         return ranks.view(B, S, K)[real]
 
-    def package_config(self) -> dict[str, Any]:
-        return {"draft_vocab_size": int(self.net.draft_vocab.numel()), "num_prompts": self.net.num_prompts}
+    def package_config(self) -> PPDConfig:
+        return PPDConfig(draft_vocab_size=int(self.net.draft_vocab.numel()), num_prompts=self.net.num_prompts)

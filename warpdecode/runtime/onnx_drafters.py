@@ -1,7 +1,8 @@
 """Running the trained drafters' ONNX graphs (written by `export.drafter_graphs`, which lists their inputs and
 outputs) in ONNX Runtime: on an ONNX Runtime target the drafters run these (`OnnxHeads`, `OnnxEagle`,
 `OnnxDistilled`, `OnnxClover`) instead of their PyTorch networks, so drafting and verifying share one
-runtime; the PyTorch network stays the reference they are tested against."""
+runtime; the PyTorch network stays the reference they are tested against. Each finds the graphs its
+network names (`graph_files`) in the drafter's directory."""
 
 from __future__ import annotations
 
@@ -15,25 +16,11 @@ from warpdecode.errors import CheckpointError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
 from warpdecode.models.distilled_draft import DistilledDraftNet
-from warpdecode.models.medusa import FutureHeads, HydraHeads
+from warpdecode.models.eagle import EagleNet
+from warpdecode.models.medusa import FutureHeads
 from warpdecode.models.transformer import new_token_mask
 from warpdecode.runtime.onnx_weights import external_data_locations
 from warpdecode.runtime.onnxruntime import open_session, run_step_graph
-
-MEDUSA_GRAPH = "heads.onnx"
-
-
-EAGLE_GRAPHS = ("eagle_layer.onnx", "eagle_head.onnx")
-
-
-DISTILLED_GRAPH = "distilled_step.onnx"
-
-
-CLOVER_GRAPHS = ("clover_augment.onnx", "clover_step.onnx")
-
-
-def hydra_graph(k: int) -> str:
-    return f"head_{k}.onnx"
 
 
 def cpu_session(path: Path, threads: int | None) -> object:
@@ -79,9 +66,9 @@ class OnnxEagle:
         self.names = [i.name for i in layer.get_inputs()]  # type: ignore[attr-defined]
 
     @classmethod
-    def find(cls, directory: Path, threads: int | None = None) -> OnnxEagle | None:
-        """The graphs in `directory`, or None if either is missing."""
-        paths = find_graphs(directory, list(EAGLE_GRAPHS))
+    def find(cls, directory: Path, net: EagleNet, threads: int | None = None) -> OnnxEagle | None:
+        """The graphs of `net` in `directory`, or None if either is missing."""
+        paths = find_graphs(directory, net.graph_files())
         return None if paths is None else cls(*(cpu_session(path, threads) for path in paths))
 
     def __call__(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor, cache: KVCache,
@@ -113,7 +100,7 @@ class OnnxDistilled:
     @classmethod
     def find(cls, directory: Path, net: DistilledDraftNet, threads: int | None = None) -> OnnxDistilled | None:
         """The graph of `net` in `directory`, or None if it is missing."""
-        paths = find_graphs(directory, [DISTILLED_GRAPH])
+        paths = find_graphs(directory, net.graph_files())
         return None if paths is None else cls(cpu_session(paths[0], threads), net.config.vocab_size)
 
     def __call__(self, tokens: Tensor, embed: nn.Embedding, cache: KVCache | None = None,
@@ -140,7 +127,7 @@ class OnnxClover:
     @classmethod
     def find(cls, directory: Path, net: CloverNet, threads: int | None = None) -> OnnxClover | None:
         """The graphs of `net` in `directory`, or None if either is missing."""
-        paths = find_graphs(directory, list(CLOVER_GRAPHS))
+        paths = find_graphs(directory, net.graph_files())
         if paths is None:
             return None
         return cls(cpu_session(paths[0], threads), cpu_session(paths[1], threads), net.draft_vocab.numel())
@@ -171,26 +158,19 @@ class OnnxHeads:
     """The heads' graphs in ONNX Runtime, called like the PyTorch heads: `heads(features)` (Medusa),
     `heads.step(k, features, embeds)` (Hydra)."""
 
-    def __init__(self, sessions: dict[int, object]) -> None:
-        self.sessions = sessions  # 0: the Medusa graph; k: Hydra head k
+    def __init__(self, sessions: list[object]) -> None:
+        self.sessions = sessions  # the network's `graph_files`: Medusa's one graph; Hydra's head 1..K
 
     @classmethod
     def find(cls, directory: Path, net: FutureHeads, threads: int | None = None) -> OnnxHeads | None:
-        """The graphs in `directory` for `net`'s kind and head count, or None if any is missing."""
-        names = ({k: hydra_graph(k) for k in range(1, net.num_heads + 1)} if isinstance(net, HydraHeads)
-                 else {0: MEDUSA_GRAPH})
-        paths = find_graphs(directory, list(names.values()))
-        if paths is None:
-            return None
-        return cls({k: cpu_session(path, threads) for k, path in zip(names, paths, strict=True)})
-
-    def _run(self, key: int, **inputs: Tensor) -> Tensor:
-        return run_graph(self.sessions[key], **inputs)
+        """The graphs of `net` (its kind and head count) in `directory`, or None if any is missing."""
+        paths = find_graphs(directory, net.graph_files())
+        return None if paths is None else cls([cpu_session(path, threads) for path in paths])
 
     def __call__(self, features: Tensor) -> Tensor:
         """(M, C) → (M, K, N), as `MedusaHeads.forward`."""
-        return self._run(0, features=features)
+        return run_graph(self.sessions[0], features=features)
 
     def step(self, k: int, features: Tensor, embeds: Tensor) -> Tensor:
         """(M, C), (M, k, C) → (M, N), as `HydraHeads.step`."""
-        return self._run(k, features=features, embeds=embeds)
+        return run_graph(self.sessions[k - 1], features=features, embeds=embeds)

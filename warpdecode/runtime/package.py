@@ -13,10 +13,11 @@
       tokenizer.json, tokenizer_config.json
       drafters/<kind>/         trained drafter packages (drafter.json + drafter.safetensors, with
                                their data-built draft tree), checked against the target at export;
-                               Medusa and Hydra heads and the EAGLE network also as ONNX graphs
-                               (`export.drafter_graphs`);
+                               the networks of the drafters that declare `onnx_graphs` also as ONNX
+                               graphs (`export.drafter_graphs`, the files their `graph_files` name);
                                also the small learned controls (a SpecDec++ acceptance head, FiRST
                                layer routers), which the drafters reading them pick up
+                               (`decoding.registry.package_options`)
 
 `InferencePackage.load` checks the manifest against its schema and format version, then every listed
 file's place (inside the package once symbolic links are resolved), size and sha256, before anything
@@ -62,13 +63,6 @@ forward is not exactly the one-token step). int4: weight-only (`MatMulNBits`, as
 
 
 GRAPH = "backbone.onnx"
-
-
-CONTROL_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
-    "acceptance_head": (("int4_self", "int8_self"), "acceptance_head"),
-    "layer_router": (("first",), "router"),
-}
-"""Package kind of a small learned control → the drafters that read it and the option that names it."""
 
 
 LOSSY_BACKENDS = tuple(f"onnxruntime-{kind}" for kind in QUANTIZATIONS)
@@ -233,19 +227,11 @@ class InferencePackage:
             return None
         return Tokenizer.load(self.file("tokenizer.json").parent)
 
-    def drafter_options(self) -> dict[str, dict[str, Any]]:
-        """Drafter (or verifier) name → the options that run the package's trained drafter of that kind
-        (`{"eagle": {"path": ".../drafters/eagle"}}`): `--method eagle` needs no path, nor does
-        `verifier=judge` with a packaged judge. A small learned control goes to the drafters that read
-        it (`CONTROL_OPTIONS`): an acceptance head to `int4_self` / `int8_self`, layer routers to `first`.
-        Each directory is checked first (`drafter_directory`)."""
-        options: dict[str, dict[str, Any]] = {}
-        for kind in self.manifest.get("drafters", {}):
-            path = self.drafter_directory(kind)
-            names, option = CONTROL_OPTIONS.get(kind, ((kind,), "path"))
-            for name in names:
-                options.setdefault(name, {})[option] = str(path)
-        return options
+    def drafter_directories(self) -> dict[str, Path]:
+        """Package kind → the directory of the package's trained drafter (or control) of that kind
+        (`{"eagle": Path(".../drafters/eagle")}`), each checked first (`drafter_directory`); the options
+        that run them are `decoding.registry.package_options` of these."""
+        return {kind: self.drafter_directory(kind) for kind in self.manifest.get("drafters", {})}
 
     def backbone(self, backend: str = "onnxruntime", *, device: str = "cpu", threads: int | None = None) -> Backbone:
         """The exported model on `backend`: onnxruntime runs the graph (onnxruntime-int8 / -int4 a

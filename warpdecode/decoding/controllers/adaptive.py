@@ -8,13 +8,13 @@ keeps verify forwards short where the drafter is often wrong.
 
 from __future__ import annotations
 
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, Controller, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 
 
 @register("controller", "adaptive")
-class AdaptiveLength:
+class AdaptiveLength(Controller):
     def __init__(self, initial: int = 4, grow: int = 2, shrink: int = 1, min_nodes: int = 1, max_nodes: int = 32) -> None:
         """Args:
         initial: draft budget of the first step of every request.

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, Controller, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 
 
 @register("controller", "fixed")
-class FixedBudget:
+class FixedBudget(Controller):
     def __init__(self, max_nodes: int = 64) -> None:
         """Args:
         max_nodes: largest draft tree (nodes) per verify forward; the drafter's own limits also apply.

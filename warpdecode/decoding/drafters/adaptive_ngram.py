@@ -22,11 +22,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from typing import ClassVar
 
 import torch
 
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
@@ -36,10 +35,7 @@ Candidates = tuple[list[int], list[float]]
 
 
 @register("drafter", "adaptive_ngram")
-class AdaptiveNgram:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class AdaptiveNgram(Drafter):
     def __init__(self, top_k: int = 4, num_nodes: int = 8, max_depth: int = 8, max_entries: int = 500_000,
                  search: str = "best_first", simulations: int = 32, exploration: float = 0.5) -> None:
         """Args:

@@ -16,7 +16,6 @@ On an ONNX Runtime target the network runs as the graphs exported into an infere
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,7 +24,6 @@ from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, f
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.clover import CloverNet
 from warpdecode.runtime.onnx_drafters import OnnxClover
@@ -34,6 +32,8 @@ from warpdecode.runtime.onnx_drafters import OnnxClover
 @register("drafter", "clover")
 class CloverDraft(PackagedDrafter[CloverNet]):
     kind = "clover"
+    net_class = CloverNet
+    onnx_graphs = True
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 4,
                  lookup: int = 0, lookup_scale: bool = True) -> None:
@@ -62,9 +62,6 @@ class CloverDraft(PackagedDrafter[CloverNet]):
 
     def attach_graphs(self, net: CloverNet, onnx: bool) -> None:
         self.graphs = OnnxClover.find(Path(self.path), net) if onnx else None
-
-    def build(self, target: Backbone, config: dict[str, Any]) -> CloverNet:
-        return CloverNet(target.config, config["draft_vocab_size"], config["d_ff"])
 
     def start(self, state: DecodeState) -> None:
         assert self.net is not None, "prepare() must run first"

@@ -18,9 +18,7 @@ resume at the read position → draft "mat .", accepted.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
@@ -46,10 +44,7 @@ def align(source: list[int], output: list[int], expected: int, max_ngram: int, n
 
 
 @register("drafter", "copy_input")
-class CopyInput:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class CopyInput(Drafter):
     def __init__(self, num_tokens: int = 12, max_ngram: int = 4, near: int = 3) -> None:
         """Args:
         num_tokens: longest span copied per step.

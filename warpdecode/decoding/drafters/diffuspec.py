@@ -25,7 +25,7 @@ from typing import ClassVar
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.layout import check_diffusion_model
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
@@ -44,8 +44,7 @@ def confident_prefix(confidence: list[float], min_confidence: float | None) -> i
 
 
 @register("drafter", "diffuspec")
-class DiffuSpec:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
+class DiffuSpec(Drafter):
     needs_training: ClassVar[bool] = True
 
     def __init__(self, model: str | None = None, num_tokens: int = 8, steps: int = 2,

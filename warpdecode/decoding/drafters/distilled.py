@@ -15,13 +15,13 @@ package (`runtime.onnx_drafters.OnnxDistilled`) when the package has one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor
 
 from warpdecode.decoding.drafters.draft_model import DraftModel
-from warpdecode.decoding.drafters.learned import load_package_net, to_target_vocab
+from warpdecode.decoding.drafters.learned import to_target_vocab
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
@@ -33,14 +33,11 @@ from warpdecode.models.transformer import Transformer
 from warpdecode.runtime.onnx_drafters import OnnxDistilled
 
 
-def build_distilled(target: Backbone, config: dict[str, Any]) -> DistilledDraftNet:
-    """The untrained network of a `distilled` package's config for `target`."""
-    return DistilledDraftNet(target.config, int(config["num_layers"]), int(config["draft_vocab_size"]))
-
-
 @register("drafter", "distilled")
 class DistilledDraft(DraftModel):
     needs_training: ClassVar[bool] = True
+    net_class = DistilledDraftNet
+    onnx_graphs = True
     name: ClassVar[str] = "distilled"
     kind: ClassVar[str] = "distilled"
 
@@ -68,7 +65,7 @@ class DistilledDraft(DraftModel):
 
     def load_net(self, target: Backbone) -> DistilledDraftNet:
         """The package's trained network for `target` (checked to be the target it was trained for)."""
-        return load_package_net(DrafterPackage.load(self.path, self.kind), self.path, target, build_distilled)
+        return DrafterPackage.load(self.path, self.kind).load_net(target, DistilledDraftNet, self.path)
 
     def prepare(self, target: Backbone) -> None:
         """Load the package once per target and pack it (or find its ONNX graph for an ONNX Runtime target)."""

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from warpdecode.decoding.drafters.dynamic_tree import grow_dynamic_tree
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
@@ -114,8 +114,7 @@ def propose_children(logits: Tensor, width: int, sampler: Sampler, replacement: 
 
 
 @register("drafter", "draft_model")
-class DraftModel:
-    needs_training: ClassVar[bool] = False
+class DraftModel(Drafter):
     name: ClassVar[str] = "draft_model"
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,

@@ -14,7 +14,6 @@ Tree shapes (`tree=`): `static` (default) and `chain` as every packaged drafter 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,6 +43,8 @@ def ancestor_mask(parents: list[int]) -> Tensor:
 @register("drafter", "eagle")
 class EagleDraft(PackagedDrafter[EagleNet]):
     kind = "eagle"
+    net_class = EagleNet
+    onnx_graphs = True
     trees = ("static", "chain", "dynamic")
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None, num_tokens: int = 5,
@@ -75,16 +76,13 @@ class EagleDraft(PackagedDrafter[EagleNet]):
         """The network's ONNX graphs, used when the target is not a PyTorch model and they exist."""
 
     def attach_graphs(self, net: EagleNet, onnx: bool) -> None:
-        self.graphs = OnnxEagle.find(Path(self.path)) if onnx else None
+        self.graphs = OnnxEagle.find(Path(self.path), net) if onnx else None
 
     @property
     def network(self) -> EagleNet | OnnxEagle:
         """What drafts: the ONNX graphs on an ONNX Runtime target (when exported), else the PyTorch network."""
         assert self.net is not None, "prepare() must run first"
         return self.graphs or self.net
-
-    def build(self, target: Backbone, config: dict[str, Any]) -> EagleNet:
-        return EagleNet(target.config, config["draft_vocab_size"], config["d_ff"], config.get("feature_layers"))
 
     def prepare(self, target: Backbone) -> None:
         super().prepare(target)

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "none")
-class EmptyDrafter:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class EmptyDrafter(Drafter):
     def prepare(self, target: Backbone) -> None:
         pass
 

@@ -19,6 +19,8 @@ PyTorch for them. The routers run once per request.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -29,23 +31,25 @@ from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.layer_router import LayerRouter, prompt_means, skipped_layers
+from warpdecode.models.layer_router import LayerRouter, LayerRouterConfig, prompt_means, skipped_layers
 
 KIND = "layer_router"
 
 
-def load_layer_router(path: str, target: Backbone) -> tuple[LayerRouter, DrafterPackage]:
-    """The routers of a `layer_router` package, checked to be trained for `target`."""
+def load_layer_router(path: str, target: Backbone) -> tuple[LayerRouter, LayerRouterConfig]:
+    """The routers of a `layer_router` package, checked to be trained for `target`, and their config."""
     package = DrafterPackage.load(path, KIND)
     package.check_target(target)
-    router = LayerRouter(package.config["n_layer"], package.config["d_model"])
+    config = LayerRouterConfig.from_dict(package.config, f"{path}/drafter.json")
+    router = LayerRouter.from_config(config)
     router.load_state_dict(package.weights)
-    return router.to(target.embed.weight.device).eval(), package
+    return router.to(target.embed.weight.device).eval(), config
 
 
 @register("drafter", "first")
 class RoutedLayerSkip(LayerSkip):
     name: ClassVar[str] = "first"
+    controls: ClassVar[Mapping[str, str]] = MappingProxyType({KIND: "router"})
 
     def __init__(self, router: str | None = None, num_tokens: int = 4, bits: int | None = None,
                  threshold: float | None = None, max_skip: int | None = None) -> None:
@@ -72,10 +76,10 @@ class RoutedLayerSkip(LayerSkip):
     def prepare(self, target: Backbone) -> None:
         super().prepare(target)
         if self.routed_for is not target:
-            self.router, package = load_layer_router(self.router_path, target)
+            self.router, config = load_layer_router(self.router_path, target)
             threshold, max_skip = self.threshold_option, self.max_skip_option
-            self.threshold = float(package.config.get("threshold", 0.5) if threshold is None else threshold)
-            self.max_skip = package.config.get("max_skip") if max_skip is None else max_skip
+            self.threshold = float(config.threshold if threshold is None else threshold)
+            self.max_skip = config.max_skip if max_skip is None else max_skip
             self.routed_for = target
         # A PyTorch target returns the block inputs with its prefill; another backend (an ONNX graph
         # exports only the drafters' layers) gets them from a forward of the same weights in PyTorch.

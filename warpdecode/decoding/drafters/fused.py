@@ -9,8 +9,6 @@ Deterministic drafters only (their trees carry no draft distributions).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from warpdecode.decoding import registry
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
@@ -20,10 +18,7 @@ from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "fused")
-class FusedDrafters:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class FusedDrafters(Drafter):
     def __init__(self, drafters: str = "prompt_lookup,token_recycling", num_nodes: int = 16) -> None:
         """Args:
         drafters: names of training-free deterministic drafters to fuse, '+'- or comma-separated, in
@@ -34,7 +29,7 @@ class FusedDrafters:
         if len(names) < 2 or "fused" in names or num_nodes < 1:
             raise ConfigError(f"fused needs two or more other drafters and num_nodes >= 1, got {drafters!r}, {num_nodes}")
         self.parts: list[Drafter] = [registry.build("drafter", name) for name in names]
-        if any(part.needs_hidden_states or getattr(part, "needs_training", False) for part in self.parts):
+        if any(part.needs_hidden_states or part.needs_training for part in self.parts):
             raise ConfigError("fused takes training-free drafters that need no hidden states")
         self.num_nodes = num_nodes
 

@@ -1,8 +1,8 @@
 """What the drafters running a trained drafter package share (EAGLE, Medusa, Hydra).
 
 * `PackagedDrafter.prepare` reads the package once, refuses a package trained for another target
-  (`CheckpointError`), rebuilds the network with its frozen head tied to the target
-  (`models.draft_head`) and asks for the target's final features.
+  (`CheckpointError`), rebuilds the network of `net_class` from the package's typed config with
+  its frozen head tied to the target (`DrafterPackage.load_net`) and asks for the target's final features.
 * Tree shapes (`tree=`): `static`, the rank paths stored with the package (built from validation
   ranks by `metrics.drafting.tree_from_ranks`) cut to `num_nodes` (`auto`: the size with the most
   expected tokens per second on this machine, `decoding/latency.py`); `chain`, `num_tokens` top-1 tokens.
@@ -19,14 +19,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from torch import Tensor
 
 from warpdecode.decoding.drafters.prompt_lookup import PromptLookup
 from warpdecode.decoding.latency import choose_nodes, verify_seconds
-from warpdecode.decoding.protocols import DecodeState
+from warpdecode.decoding.protocols import DecodeState, Drafter
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import RankPath, chain
 from warpdecode.errors import ConfigError
@@ -104,23 +104,6 @@ def ranked_tokens(logits: Tensor, draft_vocab: Tensor, width: int) -> list[list[
     return draft_vocab[logits.topk(min(width, logits.shape[-1]), dim=-1).indices].tolist()
 
 
-def load_package_net(package: DrafterPackage, path: str, target: Backbone,
-                     build: Callable[[Backbone, dict[str, Any]], NetT]) -> NetT:
-    """The trained network of `package` for `target` (checked to be the target it was trained for,
-    `CheckpointError` otherwise): `build` makes the untrained network of the package's config, the
-    weights are loaded and the frozen head rebuilt from the target; on the target's device and
-    dtype, in eval mode."""
-    package.check_target(target)
-    with torch.inference_mode(False):  # prepare may run under inference mode; packing needs normal tensors
-        net = build(target, package.config)
-        missing, unexpected = net.load_state_dict(package.weights, strict=False)
-        if unexpected or set(missing) != {net.head_key}:
-            raise ConfigError(f"{path}: drafter weights do not match its config "
-                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-        net.tie_head(target)
-        return net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
-
-
 def to_target_vocab(logits: Tensor, draft_vocab: Tensor, vocab_size: int) -> Tensor:
     """Draft-vocabulary logits (..., N) → target-vocabulary logits (..., V), -inf outside the draft vocabulary.
 
@@ -131,10 +114,11 @@ def to_target_vocab(logits: Tensor, draft_vocab: Tensor, vocab_size: int) -> Ten
     return full
 
 
-class PackagedDrafter(ABC, Generic[NetT]):
-    """Base of the drafters that run a package of `kind`; subclasses build the network (`build`) and propose."""
+class PackagedDrafter(Drafter, ABC, Generic[NetT]):
+    """Base of the drafters that run a package of `kind` holding a network of `net_class`; subclasses propose."""
 
     kind: ClassVar[str]
+    net_class: ClassVar[type[DraftVocabNet]]
     trees: ClassVar[tuple[str, ...]] = ("static", "chain")
     needs_training: ClassVar[bool] = True
 
@@ -163,10 +147,6 @@ class PackagedDrafter(ABC, Generic[NetT]):
         self.shape: list[RankPath] = []
 
     @abstractmethod
-    def build(self, target: Backbone, config: dict[str, Any]) -> NetT:
-        """An untrained network of the package's `config` for `target`."""
-
-    @abstractmethod
     def draft(self, state: DecodeState, budget: int) -> DraftTree:
         """The learned network's tree of at most `budget` nodes continuing `state.pending`."""
 
@@ -180,10 +160,10 @@ class PackagedDrafter(ABC, Generic[NetT]):
         return DraftTree.fuse([copied, learned], budget) if copied.size else learned
 
     def load_net(self, target: Backbone) -> NetT:
-        """The package's trained network for `target` (`load_package_net`)."""
+        """The package's trained network for `target` (`DrafterPackage.load_net`)."""
         if self.package is None:
             self.package = DrafterPackage.load(self.path, self.kind)
-        return load_package_net(self.package, self.path, target, self.build)
+        return cast(NetT, self.package.load_net(target, self.net_class, self.path))
 
     def prepare(self, target: Backbone) -> None:
         if self.checked is not target:

@@ -19,11 +19,9 @@ it keeps iterating; n-grams remain valid wherever their first token reappears.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
@@ -31,10 +29,7 @@ from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "lookahead")
-class Lookahead:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class Lookahead(Drafter):
     def __init__(self, window: int = 4, ngram: int = 3, max_candidates: int = 3, pool_size: int = 8) -> None:
         """Args:
         window: Jacobi window length (auxiliary rows per verify forward).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar, cast
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -27,7 +27,6 @@ from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, f
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.models.backbone import Backbone
 from warpdecode.models.medusa import FutureHeads, HydraHeads, MedusaHeads
 from warpdecode.runtime.onnx_drafters import OnnxHeads
 
@@ -35,9 +34,9 @@ HeadsT = TypeVar("HeadsT", bound=FutureHeads)
 
 
 class HeadsDraft(PackagedDrafter[HeadsT]):
-    """What Medusa and Hydra share: options, the network, the depth limit, no per-request state."""
+    """What Medusa and Hydra share: options, the network, its graphs, the depth limit, no per-request state."""
 
-    net_class: ClassVar[type[FutureHeads]]
+    onnx_graphs = True
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None,
                  num_tokens: int | None = None, lookup: int = 0, lookup_scale: bool = True) -> None:
@@ -60,11 +59,6 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
 
     def attach_graphs(self, net: HeadsT, onnx: bool) -> None:
         self.graphs = OnnxHeads.find(Path(self.path), net) if onnx else None
-
-    def build(self, target: Backbone, config: dict[str, Any]) -> HeadsT:
-        net = self.net_class(target.config.d_model, config["draft_vocab_size"], config["num_heads"],
-                             config["num_layers"])
-        return cast(HeadsT, net)
 
     def max_depth(self, net: HeadsT) -> int:
         return net.num_heads

@@ -24,8 +24,6 @@ Deterministic trees: lossless under every lossless verifier.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, fill_shape, ranked_tokens
@@ -41,6 +39,7 @@ from warpdecode.models.ppd import PromptTokens
 @register("drafter", "ppd")
 class PPDDraft(PackagedDrafter[PromptTokens]):
     kind = "ppd"
+    net_class = PromptTokens
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None,
                  num_tokens: int | None = None, attach: int | None = None, lookup: int = 0,
@@ -71,9 +70,6 @@ class PPDDraft(PackagedDrafter[PromptTokens]):
         """Prompt rows per group in `sent`."""
         self.width = 1
         """Candidates ranked per prompt row: one more than the shape's largest rank."""
-
-    def build(self, target: Backbone, config: dict[str, Any]) -> PromptTokens:
-        return PromptTokens(target.config.d_model, config["draft_vocab_size"], config["num_prompts"])
 
     def max_depth(self, net: PromptTokens) -> int:
         return net.num_prompts

@@ -8,9 +8,7 @@ decoding costs.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
@@ -46,10 +44,7 @@ def scaled_length(num_tokens: int, n: int, max_ngram: int) -> int:
 
 
 @register("drafter", "prompt_lookup")
-class PromptLookup:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class PromptLookup(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = True) -> None:
         """Args:
         max_ngram: longest suffix n-gram to look up.

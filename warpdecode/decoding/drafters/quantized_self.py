@@ -25,6 +25,8 @@ draft's own proposals run through the quantised copy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -36,7 +38,7 @@ from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
-from warpdecode.models.acceptance_head import AcceptanceHead
+from warpdecode.models.acceptance_head import AcceptanceHead, AcceptanceHeadConfig
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.drafter_package import DrafterPackage
@@ -45,6 +47,7 @@ from warpdecode.models.quantized import Bits, quantized_copy
 
 class QuantizedSelfDraft(DraftModel):
     bits: ClassVar[Bits]
+    controls: ClassVar[Mapping[str, str]] = MappingProxyType({"acceptance_head": "acceptance_head"})
 
     def __init__(self, num_tokens: int = 4, top_k: int = 1, layers: int | None = None,
                  num_nodes: int | None = None, acceptance_head: str | None = None,
@@ -156,7 +159,7 @@ def load_acceptance_head(path: str, target: Backbone) -> AcceptanceHead:
     """The trained head of an `acceptance_head` package, checked to be trained for `target`."""
     package = DrafterPackage.load(path, "acceptance_head")
     package.check_target(target)
-    head = AcceptanceHead(**package.config)
+    head = AcceptanceHead.from_config(AcceptanceHeadConfig.from_dict(package.config, f"{path}/drafter.json"))
     head.load_state_dict(package.weights)
     return head.eval()
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import heapq
 from functools import cache
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
 
 from warpdecode.data.corpus import Corpus, train_subset
 from warpdecode.decoding.datastore import Datastore
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError, one_line
@@ -99,10 +98,7 @@ def trie_tree(continuations: np.ndarray, num_nodes: int) -> DraftTree:
 
 
 @register("drafter", "retrieval")
-class Retrieval:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class Retrieval(Drafter):
     def __init__(self, corpus: str = "stdlib", tokenizer: str = DEFAULT_MODEL, max_tokens: int = 4_000_000,
                  num_nodes: int = 8, depth: int = 6, max_matches: int = 64, max_ngram: int = 8) -> None:
         """Args:

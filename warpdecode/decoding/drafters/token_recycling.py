@@ -12,11 +12,9 @@ Lossless with any lossless verifier (the drafts are deterministic proposals).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from warpdecode.decoding.protocols import AcceptResult, DecodeState
+from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.decoding.tree_shapes import best_rank_paths
@@ -25,10 +23,7 @@ from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "token_recycling")
-class TokenRecycling:
-    needs_hidden_states: ClassVar[tuple[int, ...]] = ()
-    needs_training: ClassVar[bool] = False
-
+class TokenRecycling(Drafter):
     def __init__(self, top_k: int = 8, num_nodes: int = 8, max_depth: int = 8) -> None:
         """Args:
         top_k: candidates stored per token (matrix columns); ranks beyond it are never drafted.

@@ -25,7 +25,7 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.judge_head import JudgeHead, judge_signals
+from warpdecode.models.judge_head import JudgeHead, JudgeHeadConfig, judge_signals
 
 KIND = "judge"
 
@@ -63,7 +63,7 @@ def load_judge(path: str, target: Backbone) -> JudgeHead:
     """The trained head of a `judge` package, checked to be trained for `target`."""
     package = DrafterPackage.load(path, KIND)
     package.check_target(target)
-    head = JudgeHead(**package.config)
+    head = JudgeHead.from_config(JudgeHeadConfig.from_dict(package.config, f"{path}/drafter.json"))
     head.load_state_dict(package.weights)
     return head.to(target.embed.weight.device).eval()
 

@@ -15,7 +15,7 @@ from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.models.parallel_filter import ParallelFilter, block_inputs
+from warpdecode.models.parallel_filter import ParallelFilter, ParallelFilterConfig, block_inputs
 
 KIND = "learn2pd"
 
@@ -30,7 +30,8 @@ class Learn2PDCommit(StatelessPolicy):
             raise ConfigError(f"need 0 < accept_threshold < 1 and min_tokens_per_step >= 1, got {accept_threshold}, "
                               f"{min_tokens_per_step}")
         self.package = DrafterPackage.load(path, kind=KIND)
-        self.filter = ParallelFilter(**self.package.config)
+        self.filter = ParallelFilter.from_config(ParallelFilterConfig.from_dict(self.package.config,
+                                                                                 f"{path}/drafter.json"))
         self.filter.load_state_dict(self.package.weights)
         self.filter.eval()
         self.accept_threshold, self.min_tokens_per_step = accept_threshold, min_tokens_per_step
