@@ -20,7 +20,7 @@ from warpdecode.models.device import torch_device, torch_dtype
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
-from warpdecode.runtime.package import BACKENDS, InferencePackage
+from warpdecode.runtime.package import BACKENDS, InferencePackage, tensorrt_hint
 
 TORCH = "torch"
 
@@ -61,7 +61,7 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
     known = dict.fromkeys([*MODEL_BACKENDS, *BACKENDS])
     unknown = [b for b in backends if b not in known]
     if unknown:
-        raise ConfigError(f"unknown backend {unknown[0]!r}; choose from {', '.join(known)}")
+        raise ConfigError(f"unknown backend {unknown[0]!r}; choose from {', '.join(known)}{tensorrt_hint(unknown[0])}")
     precision = precision_for(dtype, package is not None)
     if package is None:
         other = [b for b in backends if b not in MODEL_BACKENDS]

@@ -78,6 +78,12 @@ runtimes and execution providers run; lossless like the fused graph)."""
 BACKENDS = ("torch", "onnxruntime", PORTABLE_BACKEND, *LOSSY_BACKENDS)
 
 
+def tensorrt_hint(backend: str) -> str:
+    """What to write instead of `--backend tensorrt` (TensorRT is an ONNX Runtime provider here)."""
+    return (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime has its TensorRT provider)"
+            if backend == "tensorrt" else "")
+
+
 def onnxruntime_load_errors() -> tuple[type[Exception], ...]:
     """What ONNX Runtime raises for a graph it cannot load (an unknown operator or input)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
@@ -245,9 +251,7 @@ class InferencePackage:
                 raise CapabilityError("the torch backend of a package runs on the CPU here; move the model yourself for GPUs")
             return self._torch_model()
         if backend not in BACKENDS:
-            raise CapabilityError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-                                  + (" (TensorRT: use --backend onnxruntime --device tensorrt where ONNX Runtime "
-                                     "has its TensorRT provider)" if backend == "tensorrt" else ""))
+            raise CapabilityError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}{tensorrt_hint(backend)}")
         manifest = self.manifest["backbone"]
         step_graph, fused_graph = manifest["graph"], manifest.get("fused_graph")
         name, label = step_graph, "backbone.graph"
