@@ -41,7 +41,6 @@ def register(kind: Kind, name: str):  # type: ignore[no-untyped-def]
         if name in _REGISTRY[kind]:
             raise ValueError(f"{kind} {name!r} is registered twice")
         _REGISTRY[kind][name] = cls
-        cls.registry_name = name  # type: ignore[attr-defined]
         return cls
 
     return wrap
