@@ -18,7 +18,8 @@ from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
 
-class CloverDrafter(DrafterModule):
+class CloverModule(DrafterModule):
+    aliases = ("warpdecode.modules.clover.CloverDrafter",)  # former class path (old recipes)
     kind = "clover"
     net: CloverNet
 

@@ -29,7 +29,8 @@ from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule
 
 
-class DistilledDraftDrafter(DrafterModule):
+class DistilledDraftModule(DrafterModule):
+    aliases = ("warpdecode.modules.distilled_draft.DistilledDraftDrafter",)  # former class path (old recipes)
     kind = "distilled"
     net: DistilledDraftNet
 

@@ -21,7 +21,8 @@ from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule, distillation_loss, valid_starts
 
 
-class EagleDrafter(DrafterModule):
+class EagleModule(DrafterModule):
+    aliases = ("warpdecode.modules.eagle.EagleDrafter",)  # former class path (old recipes)
     kind = "eagle"
     net: EagleNet
 

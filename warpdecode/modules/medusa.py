@@ -22,7 +22,7 @@ from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.modules.drafter import DrafterModule, distillation_loss
 
 
-class FutureHeadsDrafter(DrafterModule):
+class FutureHeadsModule(DrafterModule):
     """What Medusa and Hydra share: subclasses name their network (`net_class`) and its default depth."""
 
     net_class: ClassVar[type[FutureHeads]]
@@ -110,9 +110,10 @@ class FutureHeadsDrafter(DrafterModule):
                            num_layers=self.net.num_layers)
 
 
-class MedusaDrafter(FutureHeadsDrafter):
+class MedusaModule(FutureHeadsModule):
     """Medusa-1 heads: each head reads the target feature alone."""
 
+    aliases = ("warpdecode.modules.medusa.MedusaDrafter",)  # former class path (old recipes)
     kind = "medusa"
     net_class = MedusaHeads
     default_layers = 1
@@ -121,9 +122,10 @@ class MedusaDrafter(FutureHeadsDrafter):
         return self.net(features)
 
 
-class HydraDrafter(FutureHeadsDrafter):
+class HydraModule(FutureHeadsModule):
     """Hydra heads: head k also reads the embeddings of the k tokens between the feature and its prediction."""
 
+    aliases = ("warpdecode.modules.medusa.HydraDrafter",)  # former class path (old recipes)
     kind = "hydra"
     net_class = HydraHeads
     default_layers = 2

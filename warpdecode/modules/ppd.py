@@ -26,7 +26,8 @@ from warpdecode.models.ppd import PPDConfig, PromptTokens, appended_prompt_layou
 from warpdecode.modules.drafter import DrafterModule
 
 
-class PPDDrafter(DrafterModule):
+class PPDModule(DrafterModule):
+    aliases = ("warpdecode.modules.ppd.PPDDrafter",)  # former class path (old recipes)
     kind = "ppd"
     net: PromptTokens
 
