@@ -81,6 +81,8 @@ NO_CONTROLS: Mapping[str, str] = MappingProxyType({})
 class Drafter(Protocol):
     """Drafters subclass this protocol and override the capabilities that differ from its defaults."""
 
+    name: ClassVar[str] = ""
+    """Its registry key, set by `@register`: a registered component's one name (used in messages)."""
     needs_hidden_states: tuple[int, ...] = ()
     """Target hidden-state layers this drafter reads from `DecodeState.hidden_states` (known after `prepare`)."""
     lossless: ClassVar[bool] = True
