@@ -156,6 +156,8 @@ class Verifier(Protocol):
 class Controller(Protocol):
     """Controllers subclass this protocol."""
 
+    lossless: ClassVar[None] = None
+    """Not a controller's promise: it only sizes drafts, and the verifier decides what is emitted."""
     needs_training: ClassVar[bool] = False
     """Runs a trained package, made with `warpdecode fit`."""
 

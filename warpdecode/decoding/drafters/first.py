@@ -48,6 +48,7 @@ def load_layer_router(path: str, target: Backbone) -> tuple[LayerRouter, LayerRo
 
 @register("drafter", "first")
 class FirstDrafter(LayerSkipDrafter):
+    needs_training: ClassVar[bool] = True
     controls: ClassVar[Mapping[str, str]] = MappingProxyType({KIND: "router"})
 
     def __init__(self, router: str | None = None, num_tokens: int = 4, bits: int | None = None,
