@@ -71,7 +71,6 @@ class Medusa2Module(MedusaModule):
             raise ConfigError(f"need lm_weight >= 0, lora_lr > 0 and 0 <= heads_backbone_weight <= 1, got "
                               f"{lm_weight}, {lora_lr}, {heads_backbone_weight}")
         super().__init__(**kwargs)
-        self.save_hyperparameters()
         self.lora = attach_lora(self.target, lora_rank, lora_alpha, lora_targets or list(ATTENTION))
 
     def features(self, batch: dict[str, Tensor]) -> Tensor:
@@ -124,7 +123,7 @@ class Medusa2Module(MedusaModule):
             return
         model = merged(self.target, self.lora)
         model_dir = self.target_export_path()
-        save_pretrained(model, Tokenizer.load(resolve(self.hparams["target"])), model_dir)
+        save_pretrained(model, Tokenizer.load(resolve(self.training_args.target)), model_dir)
         directory = self.save_package(self.package(model, str(model_dir)))
         rank_zero_info(f"saved the adapted target to {model_dir} and its medusa heads to {directory}")
 
