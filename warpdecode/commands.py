@@ -540,9 +540,8 @@ def methods(*, json_output: bool = False) -> None:
             rows.append({
                 "kind": kind,
                 "name": name,
-                # a drafter's output is decided by its verifier; the default verifiers are lossless
-                "lossless": getattr(cls, "lossless", kind == "drafter" or None),
-                "needs_training": getattr(cls, "needs_training", False),
+                "lossless": cls.lossless,  # a drafter's: its default verifiers' (`Drafter.lossless`)
+                "needs_training": cls.needs_training,
                 "options": registry.options(cls),
                 "summary": _first_sentence(sys.modules[cls.__module__].__doc__),
             })

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from warpdecode.decoding.drafters.adaptive_ngram import AdaptiveNgram
+from warpdecode.decoding.drafters.adaptive_ngram import AdaptiveNgramDrafter
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -19,7 +19,7 @@ def state(tokens, forward_tokens=None, logits=None, tree=None):
 
 
 def test_tree_grows_best_first_from_the_trigram_table_with_unigram_backoff():
-    drafter = AdaptiveNgram(top_k=2, num_nodes=4)
+    drafter = AdaptiveNgramDrafter(top_k=2, num_nodes=4)
     drafter.trigrams[(1, 2)] = ([5, 6], [0.6, 0.3])  # after "1 2": 5 (0.6), 6 (0.3)
     drafter.unigrams[5] = ([7, 8], [0.9, 0.1])  # after 5 (no tri-gram for "2 5"): 7 (0.9)
     drafter.unigrams[6] = ([9, 5], [0.5, 0.5])
@@ -33,7 +33,7 @@ def test_tree_grows_best_first_from_the_trigram_table_with_unigram_backoff():
 
 
 def test_mcts_visits_the_likely_paths_and_explores_the_others():
-    drafter = AdaptiveNgram(top_k=2, num_nodes=4, search="mcts", simulations=40, exploration=0.5)
+    drafter = AdaptiveNgramDrafter(top_k=2, num_nodes=4, search="mcts", simulations=40, exploration=0.5)
     drafter.trigrams[(1, 2)] = ([5, 6], [0.6, 0.3])
     drafter.unigrams[5] = ([7, 8], [0.9, 0.1])
     drafter.unigrams[6] = ([9, 5], [0.5, 0.5])
@@ -42,13 +42,13 @@ def test_mcts_visits_the_likely_paths_and_explores_the_others():
     assert paths[0] == (5,) and (5, 7) in paths  # the most probable line gets the most rollouts
     assert (6,) in paths  # exploration also tries the second candidate
     assert all(p < i for i, p in enumerate(tree.parents.tolist()))  # parents first
-    greedy = AdaptiveNgram(top_k=2, num_nodes=4, search="mcts", simulations=40, exploration=0.0)
+    greedy = AdaptiveNgramDrafter(top_k=2, num_nodes=4, search="mcts", simulations=40, exploration=0.0)
     greedy.trigrams, greedy.unigrams = drafter.trigrams, drafter.unigrams
     assert greedy.propose(state([1, 2]), budget=10).tokens.tolist() == [5, 7]  # no exploration: one line
 
 
 def test_record_stores_each_forward_row_under_its_context():
-    drafter = AdaptiveNgram(top_k=1)
+    drafter = AdaptiveNgramDrafter(top_k=1)
     drafter.prev = 4
     logits = torch.full((2, 10), -9.0)
     logits[0, 3] = logits[1, 8] = 5.0
@@ -58,7 +58,7 @@ def test_record_stores_each_forward_row_under_its_context():
 
 
 def test_table_is_bounded():
-    drafter = AdaptiveNgram(top_k=1, max_entries=2)
+    drafter = AdaptiveNgramDrafter(top_k=1, max_entries=2)
     for i in range(4):
         drafter.prev = i
         drafter.record(state([0], forward_tokens=[i + 10], logits=torch.randn(1, 20)))
@@ -85,6 +85,6 @@ def test_lossless_and_learns_across_requests(search, single_thread):
 
 def test_bad_options():
     with pytest.raises(ConfigError, match="positive options"):
-        AdaptiveNgram(num_nodes=0)
+        AdaptiveNgramDrafter(num_nodes=0)
     with pytest.raises(ConfigError, match="best_first or mcts"):
-        AdaptiveNgram(search="beam")
+        AdaptiveNgramDrafter(search="beam")

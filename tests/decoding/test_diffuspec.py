@@ -7,7 +7,7 @@ from tiny_models import greedy_target, naive_greedy, save_diffusion_drafter
 
 from warpdecode.decoding.diffusion.decoder import diffusion_generate
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
-from warpdecode.decoding.drafters.diffuspec import DiffuSpec, confident_prefix
+from warpdecode.decoding.drafters.diffuspec import DiffuSpecDrafter, confident_prefix
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -33,7 +33,7 @@ def test_confident_prefix_cuts_before_the_first_unsure_position() -> None:
 
 def test_the_chain_is_the_diffusion_lms_answer_region_capped_by_the_budget(dlm: str) -> None:
     target = greedy_target()
-    drafter = DiffuSpec(model=dlm, num_tokens=6, steps=3)
+    drafter = DiffuSpecDrafter(model=dlm, num_tokens=6, steps=3)
     drafter.prepare(target)
     tokens = [3, 9, 27, 5, 11]
     model, tokenizer = load_pretrained(dlm)
@@ -43,16 +43,16 @@ def test_the_chain_is_the_diffusion_lms_answer_region_capped_by_the_budget(dlm: 
     chain = drafter.propose(state_of(target, tokens), budget=10)
     assert chain.tokens.tolist() == expected and chain.depth == 6
     assert drafter.propose(state_of(target, tokens), budget=4).tokens.tolist() == expected[:4]
-    confident = DiffuSpec(model=dlm, num_tokens=6, steps=3, min_confidence=0.999)
+    confident = DiffuSpecDrafter(model=dlm, num_tokens=6, steps=3, min_confidence=0.999)
     confident.prepare(target)
     assert confident.propose(state_of(target, tokens), budget=10).depth < 6  # a random model is never that sure
 
 
 def test_the_context_window_reads_only_the_latest_tokens(dlm: str) -> None:
     target = greedy_target()
-    windowed = DiffuSpec(model=dlm, num_tokens=4, context=3)
+    windowed = DiffuSpecDrafter(model=dlm, num_tokens=4, context=3)
     windowed.prepare(target)
-    full = DiffuSpec(model=dlm, num_tokens=4)
+    full = DiffuSpecDrafter(model=dlm, num_tokens=4)
     full.prepare(target)
     long, short = [7, 8, 1, 2, 3], [1, 2, 3]
     assert windowed.propose(state_of(target, long), 8).tokens.tolist() == full.propose(state_of(target, short), 8).tokens.tolist()
@@ -67,14 +67,14 @@ def test_greedy_output_is_the_targets_and_bad_setups_are_refused(dlm: str, tmp_p
     for options, message in (({}, "needs model="), ({"model": dlm, "steps": 9}, "1 <= steps <= num_tokens"),
                              ({"model": dlm, "min_confidence": 1.5}, "min_confidence")):
         with pytest.raises(ConfigError, match=message):
-            DiffuSpec(**options)
+            DiffuSpecDrafter(**options)
     small = save_diffusion_drafter(tmp_path / "small", 32)
     with pytest.raises(ConfigError, match="share the target's tokenizer"):
-        DiffuSpec(model=str(small)).prepare(target)
+        DiffuSpecDrafter(model=str(small)).prepare(target)
     model, _ = load_pretrained(dlm)
     model.config.causal = True
     from warpdecode.models.checkpoint import save_pretrained
 
     save_pretrained(model, load_pretrained(dlm)[1], tmp_path / "causal")
     with pytest.raises(ConfigError, match="autoregressive"):
-        DiffuSpec(model=str(tmp_path / "causal")).prepare(target)
+        DiffuSpecDrafter(model=str(tmp_path / "causal")).prepare(target)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import distilled_package, greedy_target, naive_greedy, random_model
 
-from warpdecode.decoding.drafters.distilled import DistilledDraft
+from warpdecode.decoding.drafters.distilled import DistilledDrafter
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError, ConfigError
 
@@ -42,7 +42,7 @@ def test_an_exact_copy_of_the_target_is_always_accepted(oracle, options):
 def test_a_reduced_vocabulary_drafts_only_its_tokens(tmp_path):
     model = greedy_target()
     path = distilled_package(model, tmp_path / "drafter", vocab=10, init_layers=(0,))
-    drafter = DistilledDraft(path, num_tokens=3, top_k=4)
+    drafter = DistilledDrafter(path, num_tokens=3, top_k=4)
     out = generate(model, None, [1, 2, 3], max_new_tokens=12, stop_at_eos=False,
                    method=build_method("distilled", options={"path": path, "num_tokens": 3, "top_k": 4}))
     assert out.token_ids == naive_greedy(model, [1, 2, 3], 12)
@@ -64,18 +64,18 @@ def test_a_package_for_another_target_is_refused(tmp_path):
 
 def test_bad_options_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        DistilledDraft(str(tmp_path / "missing"))
+        DistilledDrafter(str(tmp_path / "missing"))
     path = distilled_package(greedy_target(), tmp_path / "drafter", vocab=4)
     with pytest.raises(ConfigError, match="num_tokens must be >= 1"):
-        DistilledDraft(path, num_tokens=0)
+        DistilledDrafter(path, num_tokens=0)
     with pytest.raises(ConfigError, match="exceeds the draft vocabulary of 4"):
-        DistilledDraft(path, top_k=5).prepare(greedy_target())
+        DistilledDrafter(path, top_k=5).prepare(greedy_target())
     eagle_dir = tmp_path / "not-distilled"
     from tiny_models import eagle_package
 
     eagle_package(greedy_target(), eagle_dir)
     with pytest.raises(CheckpointError, match="holds a 'eagle' drafter, not 'distilled'"):
-        DistilledDraft(str(eagle_dir)).prepare(greedy_target())
+        DistilledDrafter(str(eagle_dir)).prepare(greedy_target())
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -86,7 +86,7 @@ def test_a_quantised_draft_stays_lossless_and_drafts_like_the_full_one(oracle, b
     out = generate(model, None, prompt, max_new_tokens=21, stop_at_eos=False, method=method)
     assert out.token_ids == naive_greedy(model, prompt, 21)
     drafter = method.drafter
-    assert isinstance(drafter, DistilledDraft) and drafter.net is not None
+    assert isinstance(drafter, DistilledDrafter) and drafter.net is not None
     assert drafter.net.model.blocks[0].attn.qkv.quantized is not None  # type: ignore[union-attr]
     assert drafter.net.model.lm_head.quantized is not None  # type: ignore[union-attr]
     # the quantised copy of an exact draft still agrees with the target on most tokens
@@ -95,4 +95,4 @@ def test_a_quantised_draft_stays_lossless_and_drafts_like_the_full_one(oracle, b
 
 def test_bits_must_be_4_or_8(oracle):
     with pytest.raises(ConfigError, match="bits must be 4 or 8"):
-        DistilledDraft(oracle[1], bits=3)
+        DistilledDrafter(oracle[1], bits=3)

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers
+from warpdecode.decoding.drafters.draft_model import DraftModelDrafter, first_layers
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -29,9 +29,9 @@ def test_target_as_its_own_draft_accepts_everything(tiny_model_dir, single_threa
 
 def test_needs_exactly_one_draft_source():
     with pytest.raises(ConfigError, match="exactly one"):
-        DraftModel()
+        DraftModelDrafter()
     with pytest.raises(ConfigError, match="exactly one"):
-        DraftModel(model="x", layers=2)
+        DraftModelDrafter(model="x", layers=2)
 
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 2, 3], list(range(10, 40))]
@@ -97,7 +97,7 @@ def started(target, prompt, top_k, num_tokens=3, do_sample=False):
     with torch.inference_mode():
         pending = int(target(torch.tensor([prompt]), cache=cache).logits[0, -1].argmax())
     state = DecodeState(target, cache, prompt + [pending], len(prompt), Sampler(SamplingConfig(do_sample, seed=0)))
-    drafter = DraftModel(layers=1, num_tokens=num_tokens, top_k=top_k)
+    drafter = DraftModelDrafter(layers=1, num_tokens=num_tokens, top_k=top_k)
     drafter.prepare(target)
     drafter.start(state)
     return drafter, state
@@ -146,7 +146,7 @@ def test_observe_keeps_the_committed_prefix(random_target, path, kept, single_th
     state.tokens.extend(result.tokens)
     drafter.observe(state, result)
     assert int(drafter.cache.lengths[0]) == before + kept
-    fresh = DraftModel(layers=1, num_tokens=3, top_k=2)
+    fresh = DraftModelDrafter(layers=1, num_tokens=3, top_k=2)
     fresh.prepare(random_target)
     fresh.start(state)
     assert drafter.propose(state, 6).tokens.tolist() == fresh.propose(state, 6).tokens.tolist()
@@ -154,12 +154,12 @@ def test_observe_keeps_the_committed_prefix(random_target, path, kept, single_th
 
 def test_top_k_must_be_positive():
     with pytest.raises(ConfigError, match="top_k"):
-        DraftModel(layers=1, top_k=0)
+        DraftModelDrafter(layers=1, top_k=0)
 
 
 def test_prepare_loads_the_draft_once_before_decoding(tiny_model_dir):
     target, _ = load_pretrained(tiny_model_dir)
-    drafter = DraftModel(model=str(tiny_model_dir))
+    drafter = DraftModelDrafter(model=str(tiny_model_dir))
     drafter.prepare(target)
     loaded = drafter.draft
     drafter.prepare(target)

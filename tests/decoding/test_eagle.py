@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import eagle_package, greedy_target, oracle_eagle_package, tiny_vocab_target
 
-from warpdecode.decoding.drafters.eagle import EagleDraft, ancestor_mask
+from warpdecode.decoding.drafters.eagle import EagleDrafter, ancestor_mask
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError, ConfigError
 from warpdecode.models.eagle import EagleNet
@@ -52,18 +52,18 @@ def test_chain_follows_the_network(target, package):
     prompt = [3, 9, 27, 17, 51, 25]
     method = build_method("eagle", options={"path": package, "tree": "chain", "num_tokens": 4})
     captured = []
-    original = EagleDraft.propose
+    original = EagleDrafter.propose
 
     def spy(self, state, budget):
         tree = original(self, state, budget)
         captured.append((list(state.tokens), tree.tokens.tolist(), tree.parents.tolist()))
         return tree
 
-    EagleDraft.propose = spy
+    EagleDrafter.propose = spy
     try:
         generate(target, None, prompt, max_new_tokens=12, stop_at_eos=False, method=method)
     finally:
-        EagleDraft.propose = original
+        EagleDrafter.propose = original
     net = method.drafter.net
     assert net is not None and len(captured) >= 3
     assert method.drafter.needs_hidden_states == net.feature_layers
@@ -117,18 +117,18 @@ def test_a_drafter_for_another_target_is_refused(package):
 
 def test_broken_packages_are_refused(target, package, tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        EagleDraft(str(tmp_path / "nowhere"))
+        EagleDrafter(str(tmp_path / "nowhere"))
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "drafter.json").write_text(json.dumps({"format": "warpdecode-drafter", "version": 1, "kind": "eagle"}))
     (broken / "drafter.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(CheckpointError, match="field target is missing"):
-        EagleDraft(str(broken)).prepare(target)
+        EagleDrafter(str(broken)).prepare(target)
     shutil.copy(Path(package) / "drafter.json", broken / "drafter.json")  # valid metadata, truncated weights
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
-        EagleDraft(str(broken)).prepare(target)
+        EagleDrafter(str(broken)).prepare(target)
     with pytest.raises(ConfigError, match="tree must be"):
-        EagleDraft(package, tree="bushy")
+        EagleDrafter(package, tree="bushy")
 
 
 def test_the_drafter_runs_on_packed_weights(target, package):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from warpdecode.decoding.drafters.fused import FusedDrafters
+from warpdecode.decoding.drafters.fused import FusedDrafter
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 from warpdecode.models.config import ModelConfig
@@ -28,4 +28,4 @@ def test_fused_is_lossless_and_drafts_from_both(single_thread):
 @pytest.mark.parametrize("drafters", ["prompt_lookup", "fused,prompt_lookup", "draft_model,prompt_lookup"])
 def test_bad_combinations_are_config_errors(drafters):
     with pytest.raises(ConfigError):
-        FusedDrafters(drafters=drafters)
+        FusedDrafter(drafters=drafters)

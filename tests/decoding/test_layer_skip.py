@@ -5,7 +5,7 @@ import random
 import pytest
 from tiny_models import random_model
 
-from warpdecode.decoding.drafters.layer_skip import LayerSkip, initial_skip, mutate
+from warpdecode.decoding.drafters.layer_skip import LayerSkipDrafter, initial_skip, mutate
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 
@@ -65,8 +65,8 @@ def test_search_climbs_the_score_and_never_steps_down(single_thread):
 
 def test_bad_options():
     with pytest.raises(ConfigError):
-        LayerSkip(num_skip=0)
+        LayerSkipDrafter(num_skip=0)
     with pytest.raises(ConfigError, match="bits"):
-        LayerSkip(bits=3)
+        LayerSkipDrafter(bits=3)
     with pytest.raises(ConfigError, match="num_skip"):
         generate(target(), None, [1, 2, 3], max_new_tokens=3, method=build_method("layer_skip", options={"num_skip": 5}))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny_models import greedy_target
 
-from warpdecode.decoding.drafters.lookahead import Lookahead
+from warpdecode.decoding.drafters.lookahead import LookaheadDrafter
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
@@ -21,7 +21,7 @@ def one_hot_rows(tokens: list[int], vocab: int = 32) -> torch.Tensor:
 def test_window_iterates_and_collects_diagonal_ngrams():
     """The docstring's example with ngram 2: window [a, b, c] → pool a → y, b → z; window [x, y, z]."""
     a, b, c, p, x, y, z = 1, 2, 3, 4, 5, 6, 7
-    drafter = Lookahead(window=3, ngram=2)
+    drafter = LookaheadDrafter(window=3, ngram=2)
     state = DecodeState(None, None, [9, 9, p], 2, Sampler(SamplingConfig()))
     drafter.start(state)
     drafter.window = [a, b, c]
@@ -39,7 +39,7 @@ def test_window_iterates_and_collects_diagonal_ngrams():
 
 
 def test_trigrams_need_two_windows_of_history():
-    drafter = Lookahead(window=3, ngram=3)
+    drafter = LookaheadDrafter(window=3, ngram=3)
     state = DecodeState(None, None, [9, 4], 1, Sampler(SamplingConfig()))
     drafter.start(state)
     drafter.window = [1, 2, 3]
@@ -97,4 +97,4 @@ def test_lookahead_is_lossless_and_accepts_on_a_repetitive_prompt(single_thread)
 @pytest.mark.parametrize("options", [{"window": 0}, {"ngram": 1}, {"window": 2, "ngram": 4}])
 def test_invalid_options(options):
     with pytest.raises(ConfigError):
-        Lookahead(**options)
+        LookaheadDrafter(**options)

@@ -6,7 +6,7 @@ import torch
 from tiny_models import greedy_target, heads_package, oracle_heads_package, tiny_vocab_target
 
 from warpdecode.decoding.drafters.learned import ShapeLayout
-from warpdecode.decoding.drafters.medusa import HydraDraft, MedusaDraft
+from warpdecode.decoding.drafters.medusa import HydraDrafter, MedusaDrafter
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import CheckpointError, ConfigError
 from warpdecode.models.medusa import HydraHeads, MedusaHeads
@@ -122,13 +122,13 @@ def test_a_drafter_for_another_target_is_refused(packages, kind):
 
 def test_bad_options_are_refused(target, packages, tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        MedusaDraft(str(tmp_path / "nowhere"))
+        MedusaDrafter(str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match="tree must be one of static, chain"):
-        HydraDraft(packages["hydra"], tree="dynamic")
+        HydraDrafter(packages["hydra"], tree="dynamic")
     with pytest.raises(ConfigError, match="at most 4 tokens deep"):
-        MedusaDraft(packages["medusa"], tree="chain", num_tokens=5).prepare(target)
+        MedusaDrafter(packages["medusa"], tree="chain", num_tokens=5).prepare(target)
     with pytest.raises(CheckpointError, match="holds a 'medusa' drafter"):
-        HydraDraft(packages["medusa"]).prepare(target)
+        HydraDrafter(packages["medusa"]).prepare(target)
 
 
 def test_prompt_lookup_fuses_into_the_learned_tree(drafter_options, single_thread):

@@ -7,7 +7,7 @@ import torch
 from tiny_models import greedy_target, naive_greedy, ppd_package, tiny_vocab_target, tv
 
 from warpdecode.decoding.drafters.learned import ShapeLayout, fill_shape
-from warpdecode.decoding.drafters.ppd import PPDDraft
+from warpdecode.decoding.drafters.ppd import PPDDrafter
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.tree import DraftTree
@@ -33,7 +33,7 @@ def package(target, tmp_path_factory):
 def captured(monkeypatch, target, method, prompt, max_new_tokens=16):
     """(tokens, tree, budget) of every proposal, and the output, decoding `max_new_tokens` after `prompt`."""
     out_trees = []
-    original = PPDDraft.propose
+    original = PPDDrafter.propose
 
     def spy(self, state, budget):
         tree = original(self, state, budget)
@@ -41,7 +41,7 @@ def captured(monkeypatch, target, method, prompt, max_new_tokens=16):
         out_trees.append((list(state.tokens), tree, budget))
         return tree
 
-    monkeypatch.setattr(PPDDraft, "propose", spy)
+    monkeypatch.setattr(PPDDrafter, "propose", spy)
     out = generate(target, None, prompt, max_new_tokens=max_new_tokens, stop_at_eos=False, method=method)
     return out_trees, out
 
@@ -136,16 +136,16 @@ def test_sampled_tokens_follow_the_target_after_a_ppd_step(tmp_path):
 def test_refuses_a_backend_without_input_embeddings_and_bad_options(package):
     without = type("IdsOnlyBackbone", (), {"accepts_inputs_embeds": lambda self: False})()
     with pytest.raises(CapabilityError, match="torch backend"):
-        PPDDraft(package).prepare(without)
+        PPDDrafter(package).prepare(without)
     with pytest.raises(ConfigError, match="attach must be >= 0"):
-        PPDDraft(package, attach=-1)
+        PPDDrafter(package, attach=-1)
     with pytest.raises(ConfigError, match="at most 3 tokens deep"):
         build_method("ppd", options={"path": package, "tree": "chain", "num_tokens": 4}).drafter.prepare(greedy_target())
 
 
 def test_groups_continue_their_host_nodes():
     """A chain of two candidates with groups of two rows: after the pending token and after each node."""
-    drafter = PPDDraft.__new__(PPDDraft)
+    drafter = PPDDrafter.__new__(PPDDrafter)
     drafter.attach = None
     drafter.net = type("Net", (), {"prompts": torch.arange(4.0).view(2, 2)})()
     tree = drafter.with_groups(DraftTree.chain([7, 8]), 2)

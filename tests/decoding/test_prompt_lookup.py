@@ -2,13 +2,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from warpdecode.decoding.drafters.prompt_lookup import PromptLookup, longest_match, scaled_length
+from warpdecode.decoding.drafters.prompt_lookup import PromptLookupDrafter, longest_match, scaled_length
 from warpdecode.errors import ConfigError
 
 
 def find_continuation(tokens: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
     """The full chain prompt lookup proposes after `tokens`."""
-    lookup = PromptLookup(max_ngram, min_ngram, num_tokens, scale=False)
+    lookup = PromptLookupDrafter(max_ngram, min_ngram, num_tokens, scale=False)
     return lookup.propose(SimpleNamespace(tokens=tokens), budget=64).tokens.tolist()  # type: ignore[arg-type]
 
 
@@ -30,7 +30,7 @@ def test_continuation_is_cut_at_the_sequence_end():
 
 def test_invalid_options():
     with pytest.raises(ConfigError, match="min_ngram"):
-        PromptLookup(max_ngram=1, min_ngram=2)
+        PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
 def test_longest_match_reports_its_length_and_where_the_copy_starts():
@@ -50,9 +50,9 @@ def test_scaled_lookup_proposes_shorter_chains_after_shorter_matches():
     three_token_match = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
     for tokens, scaled in ((one_token_match, [1, 2, 3, 4]), (three_token_match, [4, 5, 6, 7, 8, 9, 1, 2, 3])):
         state = SimpleNamespace(tokens=tokens)
-        plain = PromptLookup(num_tokens=10, scale=False).propose(state, budget=64)  # type: ignore[arg-type]
-        cut = PromptLookup(num_tokens=10).propose(state, budget=64)  # type: ignore[arg-type]
+        plain = PromptLookupDrafter(num_tokens=10, scale=False).propose(state, budget=64)  # type: ignore[arg-type]
+        cut = PromptLookupDrafter(num_tokens=10).propose(state, budget=64)  # type: ignore[arg-type]
         assert cut.tokens.tolist() == scaled
         assert plain.tokens.tolist()[: len(scaled)] == scaled
-    assert PromptLookup(num_tokens=10).propose(
+    assert PromptLookupDrafter(num_tokens=10).propose(
         SimpleNamespace(tokens=three_token_match), budget=2).tokens.tolist() == [4, 5]  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from tiny_models import greedy_target
 
-from warpdecode.decoding.drafters.retrieval import Retrieval, corpus_datastore, trie_tree
+from warpdecode.decoding.drafters.retrieval import RetrievalDrafter, corpus_datastore, trie_tree
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 from warpdecode.models.tokenizer import Tokenizer, train_bpe
@@ -37,7 +37,7 @@ def test_missing_corpus_and_bad_options_are_config_errors(tmp_path, single_threa
         generate(greedy_target(), None, [1, 2], max_new_tokens=2,
                  method=build_method("retrieval", options={"corpus": str(tmp_path / "none.npy")}))
     with pytest.raises(ConfigError, match="max_ngram"):
-        Retrieval(max_ngram=1)
+        RetrievalDrafter(max_ngram=1)
 
 
 def test_a_text_corpus_is_tokenised_into_the_datastore(tmp_path, monkeypatch):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from warpdecode.decoding.drafters.token_recycling import TokenRecycling
+from warpdecode.decoding.drafters.token_recycling import TokenRecyclingDrafter
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -36,7 +36,7 @@ def state_after(target, tokens, logits):
 
 
 def test_recycled_candidates_fill_the_tree_shape(target):
-    drafter = TokenRecycling(top_k=2, num_nodes=5)
+    drafter = TokenRecyclingDrafter(top_k=2, num_nodes=5)
     drafter.shape = [(0,), (1,), (0, 0), (0, 1), (1, 0)]
     drafter.prepare(target)
     logits = torch.full((2, 16), -5.0)
@@ -51,7 +51,7 @@ def test_recycled_candidates_fill_the_tree_shape(target):
 
 
 def test_unknown_pending_token_drafts_nothing(target):
-    drafter = TokenRecycling()
+    drafter = TokenRecyclingDrafter()
     drafter.prepare(target)
     assert drafter.propose(state_after(target, [3], torch.zeros(1, 16)), budget=8).size == 0
 
@@ -68,4 +68,4 @@ def test_matrix_persists_across_requests_and_stays_lossless(target, single_threa
 
 def test_bad_options_are_config_errors():
     with pytest.raises(ConfigError, match="top_k, num_nodes, max_depth >= 1"):
-        TokenRecycling(num_nodes=0)
+        TokenRecyclingDrafter(num_nodes=0)

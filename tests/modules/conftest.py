@@ -77,7 +77,7 @@ def tiny_recipe(tmp_path: Path, tiny_model: dict[str, Any], data_args: dict[str,
             "enable_progress_bar": False, "enable_model_summary": False,
         },
         "model": {
-            "class_path": "CausalLM",
+            "class_path": "CausalLMModule",
             "init_args": {"model": tiny_model, "lr": 3e-3, "warmup_steps": 5},
         },
         "data": {"class_path": "CorpusDataModule", "init_args": data_args},

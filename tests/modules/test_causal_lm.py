@@ -15,7 +15,7 @@ from warpdecode.models.checkpoint import load_pretrained, save_pretrained
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.tokenizer import train_bpe
 from warpdecode.models.transformer import Transformer
-from warpdecode.modules.causal_lm import CausalLM, warmup_cosine
+from warpdecode.modules.causal_lm import CausalLMModule, warmup_cosine
 
 
 def trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
@@ -26,8 +26,8 @@ def trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
     return Trainer(**(defaults | kwargs))
 
 
-def tiny_lm(fields: dict[str, Any], **kwargs: Any) -> CausalLM:
-    return CausalLM(model=ModelConfig(**fields), lr=3e-3, warmup_steps=5, **kwargs)
+def tiny_lm(fields: dict[str, Any], **kwargs: Any) -> CausalLMModule:
+    return CausalLMModule(model=ModelConfig(**fields), lr=3e-3, warmup_steps=5, **kwargs)
 
 
 def test_warmup_cosine_schedule() -> None:
@@ -39,9 +39,9 @@ def test_warmup_cosine_schedule() -> None:
 
 def test_needs_exactly_one_of_model_or_pretrained(tiny_model: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="exactly one of model"):
-        CausalLM()
+        CausalLMModule()
     with pytest.raises(ConfigError, match="exactly one of model"):
-        CausalLM(model=ModelConfig(**tiny_model), pretrained="smollm2-135m-instruct")
+        CausalLMModule(model=ModelConfig(**tiny_model), pretrained="smollm2-135m-instruct")
 
 
 def test_weight_decay_applies_to_matrices_only(tmp_path: Path, tiny_model: dict[str, Any]) -> None:
@@ -103,10 +103,10 @@ def test_fit_exports_a_loadable_model(tmp_path: Path, tiny_model: dict[str, Any]
 
 
 def test_tokenizer_must_fit_the_model(tmp_path: Path, tiny_model: dict[str, Any], data_args: dict[str, Any]) -> None:
-    small = CausalLM(model=ModelConfig(**(tiny_model | {"vocab_size": 300})))
+    small = CausalLMModule(model=ModelConfig(**(tiny_model | {"vocab_size": 300})))
     with pytest.raises(ConfigError, match="512 tokens but the model only 300 embeddings"):
         trainer(tmp_path, max_steps=1).fit(small, CorpusDataModule(**data_args))
-    short = CausalLM(model=ModelConfig(**(tiny_model | {"max_seq_len": 16})))
+    short = CausalLMModule(model=ModelConfig(**(tiny_model | {"max_seq_len": 16})))
     with pytest.raises(ConfigError, match="block_size=32 exceeds the model's max_seq_len=16"):
         trainer(tmp_path, max_steps=1).fit(short, CorpusDataModule(**data_args))
 
@@ -116,13 +116,13 @@ def test_finetuning_needs_the_pretrained_tokenizer(tmp_path: Path, tiny_model: d
     model = Transformer(ModelConfig(**tiny_model))
     model.init_weights()
     save_pretrained(model, other, tmp_path / "pretrained")
-    lm = CausalLM(pretrained=str(tmp_path / "pretrained"))
+    lm = CausalLMModule(pretrained=str(tmp_path / "pretrained"))
     with pytest.raises(ConfigError, match="set data.tokenizer to"):
         trainer(tmp_path, max_steps=1).fit(lm, CorpusDataModule(**data_args))
 
     # the same run with the pretrained tokenizer trains and keeps its vocabulary
     data = CorpusDataModule(**(data_args | {"tokenizer": str(tmp_path / "pretrained"), "block_size": 16}))
-    lm = CausalLM(pretrained=str(tmp_path / "pretrained"), export_dir=str(tmp_path / "tuned"))
+    lm = CausalLMModule(pretrained=str(tmp_path / "pretrained"), export_dir=str(tmp_path / "tuned"))
     trainer(tmp_path, max_steps=2).fit(lm, data)
     assert data.vocab_size == other.vocab_size < 300
     _, tokenizer = load_pretrained(tmp_path / "tuned")

@@ -14,7 +14,7 @@ from warpdecode.decoding.diffusion.layout import answer_region
 from warpdecode.decoding.diffusion.policies.fixed import FixedCommit
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
-from warpdecode.modules.certainty_forcing import CertaintyForcingLM, block_masks
+from warpdecode.modules.certainty_forcing import CertaintyForcingModule, block_masks
 
 
 def test_block_masks_split_one_block_between_two_views_and_mask_everything_after() -> None:
@@ -43,7 +43,7 @@ def test_distillation_keeps_the_models_answers_and_exports(dlm_dir: Path, tmp_pa
     own = diffusion_generate(model, [ids[:prompt_length].tolist()], FixedCommit(1), gen_length=14, block_length=7,
                              eos_token_id=0)
     assert torch.equal(ids, own.sequences[0])  # the target is what the model itself decodes
-    module = CertaintyForcingLM(pretrained=str(dlm_dir), block_length=7, eval_block_length=7,
+    module = CertaintyForcingModule(pretrained=str(dlm_dir), block_length=7, eval_block_length=7,
                                 export_dir=str(tmp_path / "distilled"))
     assert {"mask_token", "block_length", "entropy_weight", "pretrained"} <= set(module.hparams)
     ce, entropy = module.certainty_loss(next(iter(data.train_dataloader())), torch.Generator().manual_seed(0))
@@ -71,6 +71,6 @@ def test_correct_only_keeps_the_answers_the_checker_accepts(dlm_dir: Path, monke
 
 def test_needs_a_trained_model() -> None:
     with pytest.raises(ConfigError, match="pretrained"):
-        CertaintyForcingLM()
+        CertaintyForcingModule()
     with pytest.raises(ConfigError, match="data.init_args.model"):
         SelfDecodedTasksDataModule()

@@ -8,7 +8,7 @@ import torch
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.clover import CloverDrafter
+from warpdecode.modules.clover import CloverModule
 from warpdecode.modules.drafter import frequent_tokens
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 @torch.no_grad()
 def test_ranks_score_every_step_with_the_true_earlier_tokens(tiny_model_dir):
-    module = CloverDrafter(target=str(tiny_model_dir), draft_vocab_size=300, steps=3, max_rank=100)
+    module = CloverModule(target=str(tiny_model_dir), draft_vocab_size=300, steps=3, max_rank=100)
     module.init_drafter(frequent_tokens(torch.ones(module.target.config.vocab_size), 300, [0]))
     torch.manual_seed(1)
     tokens = torch.randint(0, module.target.config.vocab_size, (2, 11))
@@ -42,7 +42,7 @@ def test_ranks_score_every_step_with_the_true_earlier_tokens(tiny_model_dir):
 
 def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, tmp_path, fit_drafter,
                                                                       accepted_on_training_prompts):
-    module = CloverDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
+    module = CloverModule(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
                            tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     _, before, after = fit_drafter(module, epochs=30)
     assert after > before + 0.15, (before, after)
@@ -57,10 +57,10 @@ def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_mode
 
 def test_bad_hyperparameters_are_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="steps >= 1"):
-        CloverDrafter(target=str(tiny_model_dir), steps=0)
+        CloverModule(target=str(tiny_model_dir), steps=0)
 
 
 def test_the_recipe_names_the_drafter_and_its_arguments(drafter_recipe):
     recipe, module = drafter_recipe("clover")
-    assert type(module) is CloverDrafter and module.hparams["steps"] == 4
+    assert type(module) is CloverModule and module.hparams["steps"] == 4
     assert recipe["data"]["init_args"]["features"]

@@ -14,7 +14,7 @@ from warpdecode.datamodules.self_distill_answers import AnswerRegions, SelfDisti
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.tokenizer import MASK
-from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
+from warpdecode.modules.masked_diffusion import MaskedDiffusionModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -53,7 +53,7 @@ def test_adapting_an_autoregressive_model_gives_a_drafter_it_accepts(target: Pat
     data = SelfDistillAnswersDataModule(str(target), prompts=[prompts], max_prompts=8, max_new_tokens=12,
                                         features=False, batch_size=4, val_fraction=0.25, cache_dir=str(tmp_path / "c"),
                                         draft_region=4)
-    module = MaskedDiffusionLM(pretrained=str(target), lr=3e-3, warmup_steps=5, export_dir=str(tmp_path / "dlm"),
+    module = MaskedDiffusionModule(pretrained=str(target), lr=3e-3, warmup_steps=5, export_dir=str(tmp_path / "dlm"),
                                eval_decode_batches=1, stratified_t=True)
     seed_everything(0)
     ar_model, ar_tokenizer = load_pretrained(target)

@@ -13,16 +13,16 @@ from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.distilled_draft import DistilledDraftDrafter
+from warpdecode.modules.distilled_draft import DistilledDraftModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def drafter(target: Path, **kwargs) -> DistilledDraftDrafter:
-    return initialised_drafter(DistilledDraftDrafter(target=str(target), num_layers=1, draft_vocab_size=300, **kwargs))
+def drafter(target: Path, **kwargs) -> DistilledDraftModule:
+    return initialised_drafter(DistilledDraftModule(target=str(target), num_layers=1, draft_vocab_size=300, **kwargs))
 
 
-def batch_of(module: DistilledDraftDrafter) -> dict[str, Tensor]:
+def batch_of(module: DistilledDraftModule) -> dict[str, Tensor]:
     """Two right-padded sequences (lengths 12 and 8), answers after 3 tokens, with the target's features."""
     torch.manual_seed(1)
     tokens = torch.randint(0, module.target.config.vocab_size, (2, 12))
@@ -36,7 +36,7 @@ def batch_of(module: DistilledDraftDrafter) -> dict[str, Tensor]:
 def test_the_target_itself_scores_the_loss_floor_and_training_approaches_it(tiny_model_dir):
     """Every block of the target and its full vocabulary: the loss is the target's own entropy, and a
     one-block draft trained on the batch falls toward it."""
-    exact = DistilledDraftDrafter(target=str(tiny_model_dir), num_layers=2, draft_vocab_size=300)
+    exact = DistilledDraftModule(target=str(tiny_model_dir), num_layers=2, draft_vocab_size=300)
     exact.init_drafter(torch.arange(300))
     batch = batch_of(exact)
     with torch.no_grad():
@@ -77,7 +77,7 @@ def test_ranks_at_every_depth_are_the_teacher_forced_ranks(tiny_model_dir):
 
 def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, tmp_path, fit_drafter,
                                                                       accepted_on_training_prompts):
-    module = DistilledDraftDrafter(target=str(tiny_model_dir), num_layers=1, draft_vocab_size=200, depth=4, lr=1e-2,
+    module = DistilledDraftModule(target=str(tiny_model_dir), num_layers=1, draft_vocab_size=200, depth=4, lr=1e-2,
                                    warmup_steps=5, tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     _, before, after = fit_drafter(module, epochs=30)
     assert after > before + 0.3, (before, after)
@@ -93,17 +93,17 @@ def test_fit_raises_simulated_acceptance_and_writes_a_runnable_package(tiny_mode
 
 def test_bad_hyperparameters_are_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="depth must be >= 1"):
-        DistilledDraftDrafter(target=str(tiny_model_dir), depth=0)
+        DistilledDraftModule(target=str(tiny_model_dir), depth=0)
     with pytest.raises(ConfigError, match="init_layers names 1 blocks but num_layers is 2"):
-        DistilledDraftDrafter(target=str(tiny_model_dir), num_layers=2, init_layers=[1])
+        DistilledDraftModule(target=str(tiny_model_dir), num_layers=2, init_layers=[1])
     with pytest.raises(ConfigError, match="strictly increasing"):
-        DistilledDraftDrafter(target=str(tiny_model_dir), num_layers=2, init_layers=[1, 1])
+        DistilledDraftModule(target=str(tiny_model_dir), num_layers=2, init_layers=[1, 1])
     with pytest.raises(ConfigError, match="cannot be taken"):
-        DistilledDraftDrafter(target=str(tiny_model_dir), num_layers=3)
+        DistilledDraftModule(target=str(tiny_model_dir), num_layers=3)
 
 
 def test_the_recipe_names_the_drafter_and_its_arguments(drafter_recipe):
     recipe, module = drafter_recipe("distilled", num_layers=2)  # the tiny target has 2 blocks
-    assert type(module) is DistilledDraftDrafter
+    assert type(module) is DistilledDraftModule
     assert module.init_layers == [0, 1] and module.net.config.n_layer == 2
     assert recipe["data"]["init_args"]["features"]

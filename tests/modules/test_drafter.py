@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import WandbLogger
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import shift_left
 from warpdecode.modules.drafter import distillation_loss
-from warpdecode.modules.medusa import MedusaDrafter
+from warpdecode.modules.medusa import MedusaModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -47,7 +47,7 @@ def test_fit_saves_the_package_with_its_acceptance_plot_and_logs_it_to_wandb(tin
         log(data, *args, **kwargs)
 
     monkeypatch.setattr(run, "log", record)
-    module = MedusaDrafter(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4,
+    module = MedusaModule(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4,
                            export_dir=str(tmp_path / "drafter"))
     trainer = Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
@@ -68,7 +68,7 @@ def test_fit_saves_the_package_with_its_acceptance_plot_and_logs_it_to_wandb(tin
 
 def test_a_drafter_that_ranks_no_validation_token_high_enough_saves_without_a_tree(tiny_model_dir, self_distill_data,
                                                                                  tmp_path: Path):
-    module = MedusaDrafter(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4, max_rank=2,
+    module = MedusaModule(target=str(tiny_model_dir), draft_vocab_size=64, num_heads=2, tree_nodes=4, max_rank=2,
                            export_dir=str(tmp_path / "drafter"))
     trainer = Trainer(max_epochs=1, limit_train_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)

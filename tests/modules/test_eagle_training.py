@@ -10,12 +10,12 @@ from warpdecode.errors import ConfigError
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import shift_left
 from warpdecode.modules.drafter import frequent_tokens
-from warpdecode.modules.eagle import EagleDrafter
+from warpdecode.modules.eagle import EagleModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def naive_loss(module: EagleDrafter, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def naive_loss(module: EagleModule, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The loss written over every start position, targets zero-padded past the sequence and masked out."""
     outputs, features = module._unroll(batch)
     n = batch["tokens"].shape[1] - 1
@@ -33,7 +33,7 @@ def naive_loss(module: EagleDrafter, batch: dict[str, torch.Tensor]) -> torch.Te
 def test_the_loss_equals_its_naive_reference(tiny_model_dir, self_distill_data):
     self_distill_data.prepare_data()
     self_distill_data.setup("fit")
-    module = EagleDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, token_weight=0.5)
+    module = EagleModule(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, token_weight=0.5)
     module.init_drafter(frequent_tokens(torch.as_tensor(self_distill_data.token_counts()), 200, []))
     batch = next(iter(self_distill_data.train_dataloader()))
     assert (batch["lengths"] < batch["tokens"].shape[1]).any()  # padded rows: the masking is exercised
@@ -54,7 +54,7 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
                                                                         feature_layers, feature_weight):
     """EAGLE, and EAGLE-3's variant: hidden states 1 and 2 (the final one) fused, computed by the
     frozen target while training, and no feature loss."""
-    module = EagleDrafter(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
+    module = EagleModule(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
                           feature_layers=feature_layers, feature_weight=feature_weight, token_weight=1.0,
                           tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     trainer, before, after = fit_drafter(module, epochs=40)
@@ -78,7 +78,7 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
 def test_recipes_name_the_drafter_and_its_arguments(name, fused, drafter_recipe):
     overrides = {"feature_layers": [1, 2]} if fused else {}  # the tiny target has 2 blocks
     recipe, module = drafter_recipe(name, **overrides)
-    assert type(module) is EagleDrafter
+    assert type(module) is EagleModule
     assert (module.net.fuse is not None) == fused
     assert (module.hparams["feature_weight"] == 0.0) == fused  # EAGLE-3 trains on the token loss alone
     assert recipe["data"]["init_args"]["features"]  # one self-distillation cache for every recipe

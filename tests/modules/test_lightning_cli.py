@@ -61,7 +61,7 @@ def test_the_fallback_is_applied_said_and_can_be_refused(monkeypatch, capsys) ->
 def test_tiny_code_recipe_round_trips(tmp_path: Path) -> None:
     cli = build_cli(["--config", str(TINY_CODE)], run=False)
     config = cli.config
-    assert config.model.class_path == "warpdecode.modules.causal_lm.CausalLM"
+    assert config.model.class_path == "warpdecode.modules.causal_lm.CausalLMModule"
     assert (config.data.init_args.source, config.data.init_args.bpe_vocab_size) == ("stdlib", 8192)
     assert config.trainer.precision == precision_for_this_machine("bf16-mixed", "auto")
     assert config.trainer.logger.class_path == "lightning.pytorch.loggers.WandbLogger"
@@ -77,6 +77,39 @@ def test_tiny_code_recipe_round_trips(tmp_path: Path) -> None:
     finetune = cli.parser.parse_args(["--config", str(FINETUNE)])
     assert finetune.model.init_args.pretrained == finetune.data.init_args.tokenizer == "smollm2-135m-instruct"
     assert finetune.model.init_args.model is None
+
+
+@pytest.mark.parametrize("former", ["warpdecode.modules.causal_lm.CausalLM", "CausalLM"])
+def test_a_recipe_naming_a_former_class_still_fits_and_says_the_new_path(
+    tmp_path: Path, tiny_recipe: Path, former: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old.yaml"
+    old.write_text(tiny_recipe.read_text().replace("class_path: CausalLMModule", f"class_path: {former}"))
+    main(["fit", "--config", str(old), "--trainer.fast_dev_run=true"])
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("deprecated:")]
+    new = "warpdecode.modules.causal_lm.CausalLMModule"
+    assert said == [f"deprecated: {former} is now {new}; the old name will stop working in a later release"]
+    cli = build_cli(["--config", str(TINY_CODE), f"--model={former}"], run=False)
+    assert type(cli.model).__name__ == "CausalLMModule"
+
+
+def test_every_renamed_class_is_found_by_its_former_path_and_short_name() -> None:
+    renamed = lightning_cli.former_class_paths()
+    assert renamed["warpdecode.modules.medusa.MedusaDrafter"] == "warpdecode.modules.medusa.MedusaModule"
+    assert renamed["MedusaDrafter"] == "warpdecode.modules.medusa.MedusaModule"
+    assert renamed["warpdecode.modules.medusa2.Medusa2Drafter"] == "warpdecode.modules.medusa2.Medusa2Module"
+    assert renamed["MaskedDiffusionLM"] == "warpdecode.modules.masked_diffusion.MaskedDiffusionModule"
+    assert len(renamed) == 2 * 10
+    names = {cls.__name__ for cls in lightning_cli.training_classes()}
+    assert {"CausalLMModule", "EagleModule", "LayerRouterModule", "CorpusDataModule"} <= names
+
+
+def test_every_recipe_parses() -> None:
+    """Each `configs/**/*.yaml` recipe names existing classes and init_args (parsed, not instantiated)."""
+    parser = build_cli(["--config", str(TINY_CODE)], run=False).parser
+    for recipe in sorted((REPO / "configs").rglob("*.yaml")):
+        config = parser.parse_args(["--config", str(recipe)])
+        assert config.model.class_path.startswith("warpdecode.modules."), recipe
 
 
 def test_wandb_is_offline_unless_a_key_is_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.config import ModelConfig
 from warpdecode.modules.lightning_cli import main
-from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
+from warpdecode.modules.masked_diffusion import MaskedDiffusionModule
 
 TINY = {"vocab_size": 48, "n_layer": 2, "n_head": 4, "d_model": 64, "d_ff": 172, "max_seq_len": 64}
 
@@ -54,7 +54,7 @@ def test_stratified_ratios_cover_every_stratum_once() -> None:
 def test_loss_is_an_unbiased_estimate_of_the_answers_cross_entropy() -> None:
     """With uniform predictions every masked token costs log V; dividing by t and the answer length
     makes the expected loss exactly log V whatever the masking ratio."""
-    module = MaskedDiffusionLM(model=ModelConfig(**TINY))
+    module = MaskedDiffusionModule(model=ModelConfig(**TINY))
     torch.nn.init.zeros_(module.backbone.embed.weight)  # tied head: all-zero logits
     module.config.mask_token_id = 1
     data = ParallelTasksDataModule(tasks="copy", batch_size=512, train_examples=512, gen_length=16)
@@ -68,12 +68,12 @@ def test_loss_is_an_unbiased_estimate_of_the_answers_cross_entropy() -> None:
 
 
 def test_the_backbone_is_bidirectional_and_the_mask_token_must_exist() -> None:
-    module = MaskedDiffusionLM(model=ModelConfig(**TINY))
+    module = MaskedDiffusionModule(model=ModelConfig(**TINY))
     assert module.config.causal is False
     with pytest.raises(ConfigError, match="no mask token known"):
         _ = module.mask_token_id
     with pytest.raises(ConfigError, match="min_mask_ratio"):
-        MaskedDiffusionLM(model=ModelConfig(**TINY), min_mask_ratio=0.0)
+        MaskedDiffusionModule(model=ModelConfig(**TINY), min_mask_ratio=0.0)
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def diffusion_recipe(tmp_path: Path) -> Path:
         "seed_everything": 3,
         "trainer": {"max_steps": 120, "val_check_interval": 60, "check_val_every_n_epoch": None, "precision": "bf16-mixed",
                     "log_every_n_steps": 20, "enable_progress_bar": False, "enable_model_summary": False},
-        "model": {"class_path": "MaskedDiffusionLM",
+        "model": {"class_path": "MaskedDiffusionModule",
                   "init_args": {"model": TINY, "lr": 3e-3, "warmup_steps": 10, "eval_block_length": 4}},
         "data": {"class_path": "ParallelTasksDataModule",
                  "init_args": {"tasks": "copy", "train_examples": 20000, "val_examples": 64, "gen_length": 13,
@@ -102,7 +102,7 @@ def test_fit_logs_decoding_metrics_and_exports_a_loadable_diffusion_lm(tmp_path:
         assert key in records, key
     model, tokenizer = load_pretrained(run / "model")
     assert model.config.causal is False and model.config.mask_token_id == tokenizer.backend.token_to_id("<|mask|>")
-    evaluator = MaskedDiffusionLM(model=model.config)
+    evaluator = MaskedDiffusionModule(model=model.config)
     evaluator.backbone = model
     data = ParallelTasksDataModule(tasks="copy", batch_size=256, train_examples=256, val_examples=256, gen_length=13)
     data.setup("validate")
@@ -120,7 +120,7 @@ def test_the_diffusion_recipes_parse_and_build(dlm_dir: Path) -> None:
 
     recipes = Path(__file__).parents[2] / "configs" / "diffusion"
     cli = build_cli(["--config", str(recipes / "parallel-tasks.yaml")], run=False)
-    assert isinstance(cli.model, MaskedDiffusionLM) and cli.model.config.causal is False
+    assert isinstance(cli.model, MaskedDiffusionModule) and cli.model.config.causal is False
     assert cli.datamodule.block_size <= cli.model.config.max_seq_len
     assert cli.model.config.vocab_size == cli.datamodule.tokenizer.vocab_size
     learn2pd = build_cli(["--config", str(recipes / "learn2pd.yaml"), "--data.init_args.model", str(dlm_dir)], run=False)

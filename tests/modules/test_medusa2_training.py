@@ -12,13 +12,13 @@ from tiny_models import initialised_drafter, pattern_batch
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.medusa2 import Medusa2Drafter
+from warpdecode.modules.medusa2 import Medusa2Module
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def drafter(target: Path, **kwargs) -> Medusa2Drafter:
-    return initialised_drafter(Medusa2Drafter(target=str(target), draft_vocab_size=64, num_heads=3, lora_rank=4,
+def drafter(target: Path, **kwargs) -> Medusa2Module:
+    return initialised_drafter(Medusa2Module(target=str(target), draft_vocab_size=64, num_heads=3, lora_rank=4,
                                               **kwargs))
 
 
@@ -82,6 +82,6 @@ def test_fit_writes_the_merged_target_and_heads_bound_to_it(tiny_model_dir, tmp_
 
 def test_recipe_builds_medusa2(drafter_recipe):
     recipe, module = drafter_recipe("medusa2")
-    assert type(module) is Medusa2Drafter and module.net.num_heads == 4
+    assert type(module) is Medusa2Module and module.net.num_heads == 4
     assert len(module.lora) == module.target.config.n_layer * 4
     assert recipe["trainer"]["precision"] == "32-true"

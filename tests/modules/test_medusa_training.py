@@ -14,14 +14,14 @@ from warpdecode.decoding.generate import build_method, generate
 from warpdecode.errors import ConfigError
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.eagle import shift_left
-from warpdecode.modules.medusa import FutureHeadsDrafter, HydraDrafter, MedusaDrafter
+from warpdecode.modules.medusa import FutureHeadsModule, HydraModule, MedusaModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-DRAFTERS = {"medusa": MedusaDrafter, "hydra": HydraDrafter}
+DRAFTERS = {"medusa": MedusaModule, "hydra": HydraModule}
 
 
-def make_batch(vocab_size: int, with_features_of: FutureHeadsDrafter | None = None) -> dict[str, Tensor]:
+def make_batch(vocab_size: int, with_features_of: FutureHeadsModule | None = None) -> dict[str, Tensor]:
     """`pattern_batch`, with the target features of `with_features_of` when given."""
     batch = pattern_batch(vocab_size)
     if with_features_of is not None:
@@ -29,12 +29,12 @@ def make_batch(vocab_size: int, with_features_of: FutureHeadsDrafter | None = No
     return batch
 
 
-def drafter(kind: str, target: Path, **kwargs) -> FutureHeadsDrafter:
+def drafter(kind: str, target: Path, **kwargs) -> FutureHeadsModule:
     return initialised_drafter(DRAFTERS[kind](target=str(target), draft_vocab_size=64, num_heads=3, **kwargs))
 
 
 @torch.no_grad()
-def teacher_loss(module: FutureHeadsDrafter, batch: dict[str, Tensor]) -> Tensor:
+def teacher_loss(module: FutureHeadsModule, batch: dict[str, Tensor]) -> Tensor:
     """The loss of heads that output the target's own logits of the token they predict (head k at i:
     the frozen head on f_{i+k}), the least the loss can be."""
     T = batch["tokens"].shape[1]
@@ -87,7 +87,7 @@ def test_cached_features_give_the_online_loss(tiny_model_dir):
 
 def test_ranks_on_a_hand_made_case(tiny_model_dir):
     """Scores -n for draft-vocabulary entry n, so a label's rank is its entry (capped at max_rank = 4)."""
-    module = MedusaDrafter(target=str(tiny_model_dir), draft_vocab_size=8, num_heads=2, max_rank=4)
+    module = MedusaModule(target=str(tiny_model_dir), draft_vocab_size=8, num_heads=2, max_rank=4)
     module.init_drafter(torch.arange(10, 18))
     tokens = torch.tensor([[1, 10, 12, 11, 13, 10, 0], [2, 17, 3, 12, 0, 0, 0]])
     lengths = torch.tensor([6, 4])
@@ -146,9 +146,9 @@ def test_checkpoints_leave_out_the_frozen_head(kind, tiny_model_dir):
 
 def test_bad_hyperparameters_are_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="num_heads >= 1"):
-        MedusaDrafter(target=str(tiny_model_dir), num_heads=0)
+        MedusaModule(target=str(tiny_model_dir), num_heads=0)
     with pytest.raises(ConfigError, match="head_decay"):
-        HydraDrafter(target=str(tiny_model_dir), head_decay=0.0)
+        HydraModule(target=str(tiny_model_dir), head_decay=0.0)
 
 
 @pytest.mark.parametrize("kind", DRAFTERS)

@@ -14,13 +14,13 @@ from torch import Tensor
 from warpdecode.errors import ConfigError
 from warpdecode.models.cache import KVCache
 from warpdecode.models.drafter_package import DrafterPackage
-from warpdecode.modules.ppd import PPDDrafter
+from warpdecode.modules.ppd import PPDModule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def drafter(target: Path, **kwargs) -> PPDDrafter:
-    return initialised_drafter(PPDDrafter(target=str(target), draft_vocab_size=64, num_prompts=3, starts_per_sequence=4,
+def drafter(target: Path, **kwargs) -> PPDModule:
+    return initialised_drafter(PPDModule(target=str(target), draft_vocab_size=64, num_prompts=3, starts_per_sequence=4,
                                           **kwargs))
 
 
@@ -97,7 +97,7 @@ def test_ranks_score_each_prompt_row_after_the_true_context(tiny_model_dir):
 
 def test_fit_lowers_the_validation_loss_and_writes_a_runnable_package(tiny_model_dir, tmp_path, fit_drafter,
                                                                       accepted_on_training_prompts):
-    module = PPDDrafter(target=str(tiny_model_dir), draft_vocab_size=200, num_prompts=3, starts_per_sequence=8,
+    module = PPDModule(target=str(tiny_model_dir), draft_vocab_size=200, num_prompts=3, starts_per_sequence=8,
                         lr=0.2, warmup_steps=5, tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     losses: list[float] = []
     evaluate = module.evaluate
@@ -128,7 +128,7 @@ def test_checkpoints_leave_out_the_frozen_head(tiny_model_dir):
     checkpoint = {"state_dict": module.state_dict()}
     module.on_save_checkpoint(checkpoint)
     assert set(checkpoint["state_dict"]) == {"net.prompts", "net.draft_vocab"}
-    restored = PPDDrafter(target=str(tiny_model_dir), draft_vocab_size=64, num_prompts=3)
+    restored = PPDModule(target=str(tiny_model_dir), draft_vocab_size=64, num_prompts=3)
     restored.on_load_checkpoint(checkpoint)
     restored.load_state_dict(checkpoint["state_dict"])
     assert restored.drafter_initialised() and torch.equal(restored.net.prompts, module.net.prompts)
@@ -136,12 +136,12 @@ def test_checkpoints_leave_out_the_frozen_head(tiny_model_dir):
 
 def test_bad_hyperparameters_are_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="num_prompts >= 1"):
-        PPDDrafter(target=str(tiny_model_dir), num_prompts=0)
+        PPDModule(target=str(tiny_model_dir), num_prompts=0)
     with pytest.raises(ConfigError, match="depth_decay"):
-        PPDDrafter(target=str(tiny_model_dir), depth_decay=1.5)
+        PPDModule(target=str(tiny_model_dir), depth_decay=1.5)
 
 
 def test_the_recipe_names_the_drafter_and_its_arguments(drafter_recipe):
     recipe, module = drafter_recipe("ppd")
-    assert type(module) is PPDDrafter and module.net.num_prompts == 3
+    assert type(module) is PPDModule and module.net.num_prompts == 3
     assert recipe["data"]["init_args"]["features"]  # shares the other recipes' cached answers

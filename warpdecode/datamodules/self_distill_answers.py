@@ -1,7 +1,7 @@
 """An autoregressive target's own answers laid out for a masked diffusion LM (AR → diffusion adaptation).
 
 The same regenerated data as the drafter recipes (`SelfDistillDataModule`: the target's greedy
-answers to the prompt sources, cached on disk), served in the layout `MaskedDiffusionLM` trains on:
+answers to the prompt sources, cached on disk), served in the layout `MaskedDiffusionModule` trains on:
 `tokens` (B, T) prompt then answer then end-of-text up to the batch's longest example,
 `prompt_lengths` (B,) and `lengths` (B,) (all T). As in LLaDA's supervised fine-tuning, the
 end-of-text padding belongs to the answer region and is masked and predicted like any answer
@@ -65,7 +65,7 @@ class AnswerRegions:
 
 
 class SelfDistillAnswersDataModule(SelfDistillDataModule):
-    """`SelfDistillDataModule`'s examples as answer regions for `MaskedDiffusionLM` (see the module docstring)."""
+    """`SelfDistillDataModule`'s examples as answer regions for `MaskedDiffusionModule` (see the module docstring)."""
 
     def __init__(self, *args: Any, draft_region: int | None = None, **kwargs: Any) -> None:
         """

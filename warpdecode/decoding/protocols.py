@@ -81,6 +81,8 @@ NO_CONTROLS: Mapping[str, str] = MappingProxyType({})
 class Drafter(Protocol):
     """Drafters subclass this protocol and override the capabilities that differ from its defaults."""
 
+    name: ClassVar[str] = ""
+    """Its registry key, set by `@register`: a registered component's one name (used in messages)."""
     needs_hidden_states: tuple[int, ...] = ()
     """Target hidden-state layers this drafter reads from `DecodeState.hidden_states` (known after `prepare`)."""
     lossless: ClassVar[bool] = True
@@ -154,6 +156,8 @@ class Verifier(Protocol):
 class Controller(Protocol):
     """Controllers subclass this protocol."""
 
+    lossless: ClassVar[None] = None
+    """Not a controller's promise: it only sizes drafts, and the verifier decides what is emitted."""
     needs_training: ClassVar[bool] = False
     """Runs a trained package, made with `warpdecode fit`."""
 

@@ -35,13 +35,14 @@ T = TypeVar("T", bound=type)
 
 
 def register(kind: Kind, name: str):  # type: ignore[no-untyped-def]
-    """Class decorator adding a component under `name`; the name must be unique per kind."""
+    """Class decorator adding a component under `name` (also its `name` attribute); the name must be
+    unique per kind."""
 
     def wrap(cls: T) -> T:
         if name in _REGISTRY[kind]:
             raise ValueError(f"{kind} {name!r} is registered twice")
         _REGISTRY[kind][name] = cls
-        cls.registry_name = name  # type: ignore[attr-defined]
+        cls.name = name  # type: ignore[attr-defined]  # the one place a component's name is written
         return cls
 
     return wrap

@@ -40,8 +40,10 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_ratio: 
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-class CausalLM(LightningModule):
+class CausalLMModule(LightningModule):
     """Next-token prediction on batches of (B, T + 1) token blocks."""
+
+    aliases = ("warpdecode.modules.causal_lm.CausalLM",)  # former class path (old recipes)
 
     def __init__(
         self,

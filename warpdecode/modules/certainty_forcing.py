@@ -13,7 +13,7 @@ on the model's own one-token-per-step answers (`SelfDecodedTasksDataModule`) wit
 
 The trajectory stays the model's own (the targets are its answers), while its confidence rises, so
 a threshold decoder commits more per step at the same output. Full fine-tuning here (dParallel uses
-LoRA on 8B models). Validation is `MaskedDiffusionLM`'s: loss, exact match static and threshold.
+LoRA on 8B models). Validation is `MaskedDiffusionModule`'s: loss, exact match static and threshold.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from warpdecode.decoding.diffusion.layout import answer_blocks, answer_region
 from warpdecode.errors import ConfigError
-from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
+from warpdecode.modules.masked_diffusion import MaskedDiffusionModule
 
 
 def block_masks(answer: Tensor, block_length: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -39,7 +39,9 @@ def block_masks(answer: Tensor, block_length: int, generator: torch.Generator | 
     return later | (in_block & coin), later | (in_block & ~coin)
 
 
-class CertaintyForcingLM(MaskedDiffusionLM):
+class CertaintyForcingModule(MaskedDiffusionModule):
+    aliases = ("warpdecode.modules.certainty_forcing.CertaintyForcingLM",)  # former class path (old recipes)
+
     def __init__(self, pretrained: str | None = None, lr: float = 2e-4, min_lr_ratio: float = 0.1,
                  warmup_steps: int = 20, weight_decay: float = 0.0, block_length: int = 8,
                  entropy_weight: float = 2.0, entropy_temperature: float = 0.5, eval_block_length: int = 8,

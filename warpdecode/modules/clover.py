@@ -9,58 +9,41 @@ included (the Hydra++ teacher loss, with Clover's regressive network).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.clover import CloverConfig, CloverNet
-from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule, distillation_loss
+from warpdecode.modules.drafter import DrafterModule, DrafterTraining, distillation_loss
 
 
-class CloverDrafter(DrafterModule):
+class CloverModule(DrafterModule):
+    aliases = ("warpdecode.modules.clover.CloverDrafter",)  # former class path (old recipes)
     kind = "clover"
     net: CloverNet
 
     def __init__(
         self,
-        target: str = DEFAULT_MODEL,
-        draft_vocab_size: int = 8192,
         d_ff: int | None = None,
         steps: int = 4,
         step_decay: float = 0.8,
-        lr: float = 1e-3,
-        min_lr_ratio: float = 0.1,
-        warmup_steps: int = 50,
-        weight_decay: float = 0.0,
-        tree_nodes: int = 16,
-        max_rank: int = 8,
-        export_dir: str | None = None,
+        **training: Any,
     ) -> None:
         """
         Args:
-            target: The frozen target model (name, directory or .gguf) the drafter is trained for.
-            draft_vocab_size: Tokens the drafter can propose: the most frequent ones in the training
-                answers (stop tokens always included); the head is the target's LM head rows of them.
             d_ff: MLP width of the augmenting block and the decoder (default: the target's).
             steps: Draft steps unrolled in training; also the depth of the validation ranks the
                 simulated acceptance and the tree are computed from.
             step_decay: Loss weight of step k is step_decay**(k-1).
-            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
-            min_lr_ratio: Final learning rate as a fraction of `lr`.
-            warmup_steps: Optimizer steps of warmup.
-            weight_decay: AdamW weight decay on matrices.
-            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
-            max_rank: Candidates per node considered when building the tree.
-            export_dir: Where the drafter package is written at the end of `fit` (default
-                `drafter/` next to the run's checkpoints).
+            **training: `DrafterTraining`'s keywords (target, draft vocabulary, optimizer, tree,
+                export_dir).
         """
         if steps < 1 or not 0 < step_decay <= 1:
             raise ConfigError(f"need steps >= 1 and 0 < step_decay <= 1, got {steps}, {step_decay}")
-        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
-                         max_rank, export_dir)
-        self.save_hyperparameters()
-        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        super().__init__(DrafterTraining(**training))
+        vocab = min(self.training_args.draft_vocab_size, self.target.config.vocab_size)
         self.net = CloverNet(self.target.config, vocab, d_ff)
         self.net.tie_head(self.target)
 

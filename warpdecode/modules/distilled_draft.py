@@ -14,6 +14,8 @@ depth (`ranks`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -25,59 +27,40 @@ from warpdecode.models.distilled_draft import (
     spread_layers,
 )
 from warpdecode.models.eagle import shift_left
-from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule
+from warpdecode.modules.drafter import DrafterModule, DrafterTraining
 
 
-class DistilledDraftDrafter(DrafterModule):
+class DistilledDraftModule(DrafterModule):
+    aliases = ("warpdecode.modules.distilled_draft.DistilledDraftDrafter",)  # former class path (old recipes)
     kind = "distilled"
     net: DistilledDraftNet
 
     def __init__(
         self,
-        target: str = DEFAULT_MODEL,
         num_layers: int = 4,
         init_layers: list[int] | None = None,
-        draft_vocab_size: int = 8192,
         depth: int = 6,
-        lr: float = 1e-3,
-        min_lr_ratio: float = 0.1,
-        warmup_steps: int = 50,
-        weight_decay: float = 0.0,
-        tree_nodes: int = 16,
-        max_rank: int = 8,
-        export_dir: str | None = None,
+        **training: Any,
     ) -> None:
         """
         Args:
-            target: The frozen target model (name, directory or .gguf) the draft is distilled from.
             num_layers: Blocks of the draft model.
             init_layers: The target blocks the draft's blocks start from (default: `num_layers` spread
                 evenly, the first and the last included).
-            draft_vocab_size: Tokens the draft can propose: the most frequent ones in the training
-                answers (stop tokens always included); the head is the target's LM head rows of them.
             depth: Draft depth of the validation ranks the simulated acceptance and the tree come from.
-            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
-            min_lr_ratio: Final learning rate as a fraction of `lr`.
-            warmup_steps: Optimizer steps of warmup.
-            weight_decay: AdamW weight decay on matrices.
-            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
-            max_rank: Candidates per node considered when building the tree.
-            export_dir: Where the drafter package is written at the end of `fit` (default
-                `drafter/` next to the run's checkpoints).
+            **training: `DrafterTraining`'s keywords (target, draft vocabulary, optimizer, tree,
+                export_dir).
         """
         if depth < 1:
             raise ConfigError(f"depth must be >= 1, got {depth}")
-        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
-                         max_rank, export_dir)
+        super().__init__(DrafterTraining(**training))
         L = self.target.config.n_layer
         layers = spread_layers(L, num_layers) if init_layers is None else list(init_layers)
         check_init_layers(layers, L)
         if len(layers) != num_layers:
             raise ConfigError(f"init_layers names {len(layers)} blocks but num_layers is {num_layers}")
-        self.save_hyperparameters()
         self.init_layers = layers
-        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        vocab = min(self.training_args.draft_vocab_size, self.target.config.vocab_size)
         self.net = DistilledDraftNet(self.target.config, num_layers, vocab)
         self.net.tie_head(self.target)
 
@@ -109,7 +92,7 @@ class DistilledDraftDrafter(DrafterModule):
         depth = self.hparams["depth"]
         depth_ranks = torch.stack([shift_left(one_step, 1 + k, n) for k in range(depth)], dim=-1)  # (B, n, depth)
         label_at = torch.arange(n, device=one_step.device)[None, :, None] + 2 + torch.arange(depth, device=one_step.device)
-        depth_ranks = torch.where(label_at < batch["lengths"][:, None, None], depth_ranks, self.hparams["max_rank"])
+        depth_ranks = torch.where(label_at < batch["lengths"][:, None, None], depth_ranks, self.training_args.max_rank)
         return depth_ranks[batch["answer_mask"][:, 1:]]  # (M, depth)
 
     def package_config(self) -> DistilledConfig:

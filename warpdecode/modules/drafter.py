@@ -12,7 +12,9 @@ target is reloaded from `target` (its fingerprint must match the one recorded in
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from warpdecode.metrics.plots import plot_acceptance
 from warpdecode.models.draft_head import DraftVocabNet
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import shift_left
+from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.net_config import NetConfig
 from warpdecode.models.transformer import Transformer
 from warpdecode.modules.causal_lm import warmup_cosine
@@ -77,21 +80,60 @@ def vocab_index(draft_vocab: Tensor, vocab_size: int) -> Tensor:
     return index
 
 
+@dataclass(frozen=True, kw_only=True)
+class DrafterTraining:
+    """What every learned-drafter module is trained with besides its network's own arguments.
+
+    A module's `__init__` takes these as keywords (`**training`) and builds this from them, so a recipe
+    names them beside the network's (`init_args: {lr: 1e-3, num_heads: 4}`) and `--help` shows the
+    docstrings below.
+    """
+
+    target: str = DEFAULT_MODEL
+    """The frozen target model (name, directory or .gguf) the drafter is trained for."""
+    draft_vocab_size: int = 8192
+    """Tokens the drafter can propose: the most frequent ones in the training answers (stop tokens
+    always included); its frozen head is the target's LM-head rows of them."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`)."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of `lr`."""
+    warmup_steps: int = 50
+    """Optimizer steps of warmup."""
+    weight_decay: float = 0.0
+    """AdamW weight decay on the trainable matrices."""
+    tree_nodes: int = 16
+    """Nodes of the static draft tree built from validation ranks and stored with the drafter."""
+    max_rank: int = 8
+    """Candidates per node considered when building the tree."""
+    export_dir: str | None = None
+    """Where the drafter package is written at the end of `fit` (default `drafter/` next to the run's
+    checkpoints)."""
+
+    def __post_init__(self) -> None:
+        if self.draft_vocab_size < 2 or self.tree_nodes < 1 or self.max_rank < 1:
+            raise ConfigError(f"need draft_vocab_size >= 2, tree_nodes >= 1 and max_rank >= 1, got "
+                              f"{self.draft_vocab_size}, {self.tree_nodes}, {self.max_rank}")
+
+
 class DrafterModule(FrozenTarget, LightningModule):
     """Base class: subclasses set `self.net` (a `DraftVocabNet`) and implement `init_drafter`, `loss`,
-    `ranks` and `package_config`."""
+    `ranks` and `package_config`; their `__init__` takes its own arguments and `**training`, the
+    keywords of `DrafterTraining`."""
 
     kind: str = ""
     net: DraftVocabNet
 
-    def __init__(self, target: str, draft_vocab_size: int, lr: float, min_lr_ratio: float, warmup_steps: int,
-                 weight_decay: float, tree_nodes: int, max_rank: int, export_dir: str | None) -> None:
+    def __init__(self, training: DrafterTraining) -> None:
         super().__init__()
-        if draft_vocab_size < 2 or tree_nodes < 1 or max_rank < 1:
-            raise ConfigError(f"need draft_vocab_size >= 2, tree_nodes >= 1 and max_rank >= 1, got "
-                              f"{draft_vocab_size}, {tree_nodes}, {max_rank}")
-        self.hold_target(target)  # not a submodule: checkpoints hold only the drafter
-        self.val_ranks = DraftRanks(max_rank)
+        # The arguments of every __init__ on the way here (the subclasses' own), and all of `training`
+        # with its defaults: a subclass passes on only the training keywords it was given.
+        self.save_hyperparameters(ignore=["training"])
+        self.hparams.update(dataclasses.asdict(training))
+        self.training_args = training
+        """The shared training arguments (`self.hparams` holds them too, as checkpoints record them)."""
+        self.hold_target(training.target)  # not a submodule: checkpoints hold only the drafter
+        self.val_ranks = DraftRanks(training.max_rank)
         self.last_val_ranks: Tensor | None = None
         self.fit_started = 0.0
         self.tokens_seen = 0
@@ -104,7 +146,7 @@ class DrafterModule(FrozenTarget, LightningModule):
         self.check_data_target(datamodule)
         if stage == "fit" and not self.drafter_initialised():
             counts = datamodule.token_counts() if datamodule is not None else torch.ones(self.target.config.vocab_size)
-            vocab = frequent_tokens(torch.as_tensor(counts), self.hparams["draft_vocab_size"],
+            vocab = frequent_tokens(torch.as_tensor(counts), self.training_args.draft_vocab_size,
                                     list(self.target.config.eos_token_ids))
             self.init_drafter(vocab)
 
@@ -155,7 +197,7 @@ class DrafterModule(FrozenTarget, LightningModule):
         B, n = logits.shape[:2]
         position = torch.arange(n, device=tokens.device)[None] + ahead  # (1, n)
         labels = torch.where(position < lengths[:, None], self.draft_labels(shift_left(tokens, ahead, n)), -1)  # (B, n)
-        return label_ranks(logits.flatten(0, 1).float(), labels.flatten(), self.hparams["max_rank"]).view(B, n)
+        return label_ranks(logits.flatten(0, 1).float(), labels.flatten(), self.training_args.max_rank).view(B, n)
 
     def draft_labels(self, tokens: Tensor) -> Tensor:
         """Draft-vocabulary index of each target token id of `tokens` (any shape), -1 outside it."""
@@ -195,23 +237,23 @@ class DrafterModule(FrozenTarget, LightningModule):
         self.last_val_ranks = ranks
         for name, value in self.val_ranks.compute().items():
             self.log(f"val/{name}", value.float(), prog_bar=name == "tau/chain")
-        tree = tree_from_ranks(ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
+        tree = tree_from_ranks(ranks, self.training_args.tree_nodes, self.training_args.max_rank)
         self.log("val/tau/tree", simulated_tau(ranks, tree), prog_bar=True)
 
     def param_groups(self) -> list[dict[str, Any]]:
         """AdamW parameter groups: weight decay on the trainable matrices only (a group may set its own `lr`)."""
         params = [p for p in self.parameters() if p.requires_grad]
         return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.hparams["weight_decay"]},
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.training_args.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         groups = [group for group in self.param_groups() if group["params"]]
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams["lr"], betas=(0.9, 0.95))
-        schedule = partial(warmup_cosine, warmup_steps=self.hparams["warmup_steps"],
+        optimizer = torch.optim.AdamW(groups, lr=self.training_args.lr, betas=(0.9, 0.95))
+        schedule = partial(warmup_cosine, warmup_steps=self.training_args.warmup_steps,
                            total_steps=int(self.trainer.estimated_stepping_batches),
-                           min_ratio=self.hparams["min_lr_ratio"])
+                           min_ratio=self.training_args.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -224,7 +266,7 @@ class DrafterModule(FrozenTarget, LightningModule):
         return {k: v.float() if v.is_floating_point() else v for k, v in self.net.trainable_state().items()}
 
     def export_path(self) -> Path:
-        return output_dir(self.trainer, self.hparams["export_dir"], "drafter")
+        return output_dir(self.trainer, self.training_args.export_dir, "drafter")
 
     def package(self, target: Transformer | None = None, source: str | None = None) -> DrafterPackage:
         """The trained drafter with its data-built tree and what training cost and measured, bound to
@@ -233,9 +275,9 @@ class DrafterModule(FrozenTarget, LightningModule):
                                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         tree: dict[str, Any] = {}
         ranks = self.last_val_ranks
-        paths = [] if ranks is None else tree_from_ranks(ranks, self.hparams["tree_nodes"], self.hparams["max_rank"])
+        paths = [] if ranks is None else tree_from_ranks(ranks, self.training_args.tree_nodes, self.training_args.max_rank)
         if ranks is not None and not paths:
-            rank_zero_warn(f"no validation token ranked within the drafter's top {self.hparams['max_rank']}: "
+            rank_zero_warn(f"no validation token ranked within the drafter's top {self.training_args.max_rank}: "
                            "the package stores no draft tree (generate with tree=chain) and no acceptance.png is drawn")
         if ranks is not None and paths:
             tree = {"rank_paths": [list(p) for p in paths]}
@@ -244,7 +286,7 @@ class DrafterModule(FrozenTarget, LightningModule):
             training["val_tau_by_nodes"] = [round(simulated_tau(ranks, paths[:n]), 4) for n in range(1, len(paths) + 1)]
             training["val_tau_chain"] = round(simulated_tau(ranks, chain(ranks.shape[1])), 4)
             training["val_starts"] = int(ranks.shape[0])
-        described = DrafterPackage.describe_target(target or self.target, source or self.hparams["target"])
+        described = DrafterPackage.describe_target(target or self.target, source or self.training_args.target)
         return DrafterPackage(self.kind, described, self.package_config().to_dict(), self.package_weights(), tree,
                               training)
 

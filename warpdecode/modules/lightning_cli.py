@@ -14,50 +14,103 @@ fp32, so such a run falls back to `32-true` and says so (`--precision_fallback f
 Multi-process training (`--trainer.strategy=ddp --trainer.devices=N`) re-executes the current
 command line in each worker, so it needs `main` to be reached from that command line (the
 `warpdecode` script or `python -m warpdecode.modules.lightning_cli`).
+
+A recipe that names a class by a path it had before a rename (the class's `aliases`) still runs; the
+CLI says the current path once.
 """
 
 from __future__ import annotations
 
+import importlib
 import netrc
 import os
+import pkgutil
 import sys
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
-from jsonargparse import set_parsing_settings
-from lightning.pytorch import LightningModule, Trainer
+from jsonargparse import get_loader, set_loader, set_parsing_settings
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
+from yaml import YAMLError
 
-from warpdecode.datamodules.acceptance import AcceptanceDataModule
-from warpdecode.datamodules.corpus import CorpusDataModule
-from warpdecode.datamodules.judge import JudgeDataModule
-from warpdecode.datamodules.parallel_tasks import ParallelTasksDataModule
-from warpdecode.datamodules.self_decoded import SelfDecodedTasksDataModule
-from warpdecode.datamodules.self_distill import SelfDistillDataModule
-from warpdecode.datamodules.trajectories import TrajectoryDataModule
+import warpdecode.datamodules
+import warpdecode.modules
 from warpdecode.errors import OneLineArgumentErrors, WarpdecodeError, one_line
-from warpdecode.modules.acceptance import AcceptanceHeadModule
-from warpdecode.modules.causal_lm import CausalLM
-from warpdecode.modules.certainty_forcing import CertaintyForcingLM
-from warpdecode.modules.clover import CloverDrafter
-from warpdecode.modules.distilled_draft import DistilledDraftDrafter
-from warpdecode.modules.eagle import EagleDrafter
-from warpdecode.modules.judge import JudgeModule
-from warpdecode.modules.masked_diffusion import MaskedDiffusionLM
-from warpdecode.modules.medusa import HydraDrafter, MedusaDrafter
-from warpdecode.modules.parallel_filter import ParallelFilterModule
-from warpdecode.modules.ppd import PPDDrafter
 from warpdecode.progress import ProgressLines, log_line, no_terminal
 
-# Short class names in YAML (`model: CausalLM`) resolve to these imported classes.
-REGISTERED = (AcceptanceDataModule, AcceptanceHeadModule, CausalLM, CertaintyForcingLM, CloverDrafter, CorpusDataModule,
-              DistilledDraftDrafter, EagleDrafter, HydraDrafter, JudgeDataModule, JudgeModule, MaskedDiffusionLM,
-              MedusaDrafter, ParallelFilterModule, ParallelTasksDataModule, PPDDrafter, SelfDecodedTasksDataModule,
-              SelfDistillDataModule, TrajectoryDataModule)
 SUBCOMMANDS = ("fit", "validate", "test")
 DEFAULT_SEED = 0
+
+
+def training_classes() -> list[type]:
+    """Every LightningModule and LightningDataModule of `modules/` and `datamodules/`, after importing
+    all their modules: jsonargparse resolves a short class name in YAML (`model: CausalLMModule`)
+    among the imported subclasses."""
+    for package in (warpdecode.modules, warpdecode.datamodules):
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+
+    def subclasses(cls: type) -> Iterator[type]:
+        subclass: type
+        for subclass in cls.__subclasses__():
+            yield subclass
+            yield from subclasses(subclass)
+
+    found = {c for base in (LightningModule, LightningDataModule) for c in subclasses(base)}
+    return sorted((c for c in found if c.__module__.startswith("warpdecode.")), key=lambda c: c.__qualname__)
+
+
+@cache
+def former_class_paths() -> dict[str, str]:
+    """Former class path or short name -> the current class path, from each class's own `aliases`
+    (the class paths it had before a rename), so that old recipes keep working."""
+    renamed: dict[str, str] = {}
+    for cls in training_classes():
+        for alias in vars(cls).get("aliases", ()):
+            renamed[alias] = renamed[alias.rsplit(".", 1)[-1]] = f"{cls.__module__}.{cls.__qualname__}"
+    return renamed
+
+
+@cache
+def say_renamed(former: str, current: str) -> None:
+    log_line(f"deprecated: {former} is now {current}; the old name will stop working in a later release")
+
+
+def renamed(class_path: str) -> str:
+    """The current class path of a former one (said once), else `class_path` unchanged."""
+    current = former_class_paths().get(class_path, class_path)
+    if current != class_path:
+        say_renamed(class_path, current)
+    return current
+
+
+def renamed_class_paths(value: object) -> object:
+    """A loaded config value with every `class_path` that names a former class replaced by the current one."""
+    if isinstance(value, list):
+        return [renamed_class_paths(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    value = {k: renamed_class_paths(v) for k, v in value.items()}
+    if isinstance(former := value.get("class_path"), str):
+        value["class_path"] = renamed(former)
+    return value
+
+
+def renamed_argument(argument: str) -> str:
+    """A command-line argument naming a former class (`--model=CausalLM`, or the value after `--model`)
+    with the current class path; any other argument unchanged."""
+    key, equals, value = argument.rpartition("=")
+    return f"{key}{equals}{renamed(value)}" if value in former_class_paths() else argument
+
+
+PARSER_MODE = "yaml_renamed"
+"""The parser mode of the CLI's parsers: YAML, with former class paths renamed (`renamed_class_paths`)."""
 
 
 def wandb_api_key_configured() -> bool:
@@ -154,6 +207,18 @@ class OneLineErrorParser(OneLineArgumentErrors, LightningArgumentParser):
 
 
 class WarpdecodeCLI(LightningCLI):
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("parser_mode", PARSER_MODE)  # the subcommands' parsers too
+        return super().init_parser(**kwargs)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """LightningCLI's, with former class names among command-line arguments renamed (config files
+        get theirs renamed by the parser mode's loader)."""
+        if args is None or isinstance(args, list):
+            self.config = parser.parse_args([renamed_argument(a) for a in (sys.argv[1:] if args is None else args)])
+        else:
+            super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_argument("--precision_fallback", type=bool, default=True,
@@ -188,6 +253,9 @@ class WarpdecodeCLI(LightningCLI):
 def build_cli(argv: list[str], *, run: bool = True) -> WarpdecodeCLI:
     """Parse `argv` and instantiate trainer, model and data; with `run`, argv starts with a subcommand."""
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    yaml = get_loader("yaml")
+    set_loader(PARSER_MODE, lambda text: renamed_class_paths(yaml(text)), (YAMLError,))
+    training_classes()
     return WarpdecodeCLI(
         args=None if argv == sys.argv[1:] else argv,  # LightningCLI warns when both are given
         run=run,

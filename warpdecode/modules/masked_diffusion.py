@@ -12,7 +12,7 @@ measured by the decoders in `decoding/diffusion/`: exact-match accuracy of one-t
 decoding and of confidence-threshold decoding with its mean number of steps, next to the loss.
 
 Shares optimiser, schedule, tokenizer checks and the export of the trained model directory with
-`CausalLM`; the backbone is always bidirectional and its config records the mask token.
+`CausalLMModule`; the backbone is always bidirectional and its config records the mask token.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from warpdecode.errors import ConfigError
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.mask_token import add_mask_token
 from warpdecode.models.tokenizer import MASK
-from warpdecode.modules.causal_lm import CausalLM
+from warpdecode.modules.causal_lm import CausalLMModule
 
 
-class MaskedDiffusionLM(CausalLM):
+class MaskedDiffusionModule(CausalLMModule):
     """Masked diffusion LM on batches {tokens (B, L), prompt_lengths (B,), lengths (B,)}."""
+
+    aliases = ("warpdecode.modules.masked_diffusion.MaskedDiffusionLM",)  # former class path (old recipes)
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class MaskedDiffusionLM(CausalLM):
         for key, value in {"mask_token": mask_token, "min_mask_ratio": min_mask_ratio,
                            "eval_block_length": eval_block_length, "eval_threshold": eval_threshold,
                            "stratified_t": stratified_t, "eval_decode_batches": eval_decode_batches}.items():
-            self.hparams.setdefault(key, value)  # see CausalLM: recorded for subclasses built by LightningCLI
+            self.hparams.setdefault(key, value)  # see CausalLMModule: recorded for subclasses built by LightningCLI
         self.config.causal = False
         self.exact_static, self.exact_parallel, self.steps_parallel = MeanMetric(), MeanMetric(), MeanMetric()
 

@@ -11,18 +11,17 @@ tokens were all accepted does.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.models.medusa import FutureHeads, HeadsConfig, HydraHeads, MedusaHeads
-from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.modules.drafter import DrafterModule, distillation_loss
+from warpdecode.modules.drafter import DrafterModule, DrafterTraining, distillation_loss
 
 
-class FutureHeadsDrafter(DrafterModule):
+class FutureHeadsModule(DrafterModule):
     """What Medusa and Hydra share: subclasses name their network (`net_class`) and its default depth."""
 
     net_class: ClassVar[type[FutureHeads]]
@@ -31,44 +30,25 @@ class FutureHeadsDrafter(DrafterModule):
 
     def __init__(
         self,
-        target: str = DEFAULT_MODEL,
-        draft_vocab_size: int = 8192,
         num_heads: int = 4,
         num_layers: int | None = None,
         head_decay: float = 0.8,
-        lr: float = 1e-3,
-        min_lr_ratio: float = 0.1,
-        warmup_steps: int = 50,
-        weight_decay: float = 0.0,
-        tree_nodes: int = 16,
-        max_rank: int = 8,
-        export_dir: str | None = None,
+        **training: Any,
     ) -> None:
         """
         Args:
-            target: The frozen target model (name, directory or .gguf) the heads are trained for.
-            draft_vocab_size: Tokens the heads can propose: the most frequent ones in the training
-                answers (stop tokens always included); the frozen head is the target's LM head rows of them.
             num_heads: Heads K: head k drafts the token k places after the one the target emits.
             num_layers: Blocks per head (default: 1 for Medusa, 2 for Hydra).
             head_decay: Loss weight of head k is head_decay**(k-1).
-            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
-            min_lr_ratio: Final learning rate as a fraction of `lr`.
-            warmup_steps: Optimizer steps of warmup.
-            weight_decay: AdamW weight decay on matrices.
-            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
-            max_rank: Candidates per node considered when building the tree.
-            export_dir: Where the drafter package is written at the end of `fit` (default
-                `drafter/` next to the run's checkpoints).
+            **training: `DrafterTraining`'s keywords (target, draft vocabulary, optimizer, tree,
+                export_dir).
         """
         layers = self.default_layers if num_layers is None else num_layers
         if num_heads < 1 or layers < 1 or not 0 < head_decay <= 1:
             raise ConfigError(f"need num_heads >= 1, num_layers >= 1 and 0 < head_decay <= 1, got "
                               f"{num_heads}, {layers}, {head_decay}")
-        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
-                         max_rank, export_dir)
-        self.save_hyperparameters()
-        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        super().__init__(DrafterTraining(**training))
+        vocab = min(self.training_args.draft_vocab_size, self.target.config.vocab_size)
         self.net = self.net_class(self.target.config.d_model, vocab, num_heads, layers)
         self.net.tie_head(self.target)
 
@@ -110,9 +90,10 @@ class FutureHeadsDrafter(DrafterModule):
                            num_layers=self.net.num_layers)
 
 
-class MedusaDrafter(FutureHeadsDrafter):
+class MedusaModule(FutureHeadsModule):
     """Medusa-1 heads: each head reads the target feature alone."""
 
+    aliases = ("warpdecode.modules.medusa.MedusaDrafter",)  # former class path (old recipes)
     kind = "medusa"
     net_class = MedusaHeads
     default_layers = 1
@@ -121,9 +102,10 @@ class MedusaDrafter(FutureHeadsDrafter):
         return self.net(features)
 
 
-class HydraDrafter(FutureHeadsDrafter):
+class HydraModule(FutureHeadsModule):
     """Hydra heads: head k also reads the embeddings of the k tokens between the feature and its prediction."""
 
+    aliases = ("warpdecode.modules.medusa.HydraDrafter",)  # former class path (old recipes)
     kind = "hydra"
     net_class = HydraHeads
     default_layers = 2

@@ -31,15 +31,17 @@ from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.lora import ATTENTION, attach_lora, merged
 from warpdecode.models.medusa import HeadsConfig
 from warpdecode.models.tokenizer import Tokenizer
-from warpdecode.modules.medusa import MedusaDrafter
+from warpdecode.modules.medusa import MedusaModule
 
 ADAPTED = "adapted_features"
 """Batch key of the adapted target's features within one step (never the datamodule's cached `features`)."""
 
 
-class Medusa2Drafter(MedusaDrafter):
+class Medusa2Module(MedusaModule):
     """Medusa heads and LoRA adapters on the target, trained together; the heads' package is of kind
     `medusa`, for the merged target."""
+
+    aliases = ("warpdecode.modules.medusa2.Medusa2Drafter",)  # former class path (old recipes)
 
     def __init__(
         self,
@@ -62,14 +64,13 @@ class Medusa2Drafter(MedusaDrafter):
             heads_backbone_weight: Scale of the heads' gradient where it enters the backbone (the
                 paper's lambda_0; the heads themselves get all of it). At 1 the heads' losses,
                 several nats each, outweigh the preserving loss and the adapted model drifts.
-            **kwargs: `MedusaDrafter`'s arguments (target, heads, optimizer, tree, export_dir: the
+            **kwargs: `MedusaModule`'s arguments (target, heads, optimizer, tree, export_dir: the
                 heads' package; the merged target goes to `<export_dir>-target`).
         """
         if lm_weight < 0 or lora_lr <= 0 or not 0 <= heads_backbone_weight <= 1:
             raise ConfigError(f"need lm_weight >= 0, lora_lr > 0 and 0 <= heads_backbone_weight <= 1, got "
                               f"{lm_weight}, {lora_lr}, {heads_backbone_weight}")
         super().__init__(**kwargs)
-        self.save_hyperparameters()
         self.lora = attach_lora(self.target, lora_rank, lora_alpha, lora_targets or list(ATTENTION))
 
     def features(self, batch: dict[str, Tensor]) -> Tensor:
@@ -122,7 +123,7 @@ class Medusa2Drafter(MedusaDrafter):
             return
         model = merged(self.target, self.lora)
         model_dir = self.target_export_path()
-        save_pretrained(model, Tokenizer.load(resolve(self.hparams["target"])), model_dir)
+        save_pretrained(model, Tokenizer.load(resolve(self.training_args.target)), model_dir)
         directory = self.save_package(self.package(model, str(model_dir)))
         rank_zero_info(f"saved the adapted target to {model_dir} and its medusa heads to {directory}")
 

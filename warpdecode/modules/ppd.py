@@ -16,60 +16,47 @@ the same starts and the ranks (hence τ and the stored tree) are comparable acro
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError
 from warpdecode.metrics.drafting import label_ranks
-from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.ppd import PPDConfig, PromptTokens, appended_prompt_layout
-from warpdecode.modules.drafter import DrafterModule
+from warpdecode.modules.drafter import DrafterModule, DrafterTraining
 
 
-class PPDDrafter(DrafterModule):
+class PPDModule(DrafterModule):
+    aliases = ("warpdecode.modules.ppd.PPDDrafter",)  # former class path (old recipes)
     kind = "ppd"
     net: PromptTokens
 
     def __init__(
         self,
-        target: str = DEFAULT_MODEL,
-        draft_vocab_size: int = 8192,
         num_prompts: int = 3,
         starts_per_sequence: int = 64,
         depth_decay: float = 0.8,
         lr: float = 1e-2,
-        min_lr_ratio: float = 0.1,
         warmup_steps: int = 20,
-        weight_decay: float = 0.0,
-        tree_nodes: int = 16,
-        max_rank: int = 8,
-        export_dir: str | None = None,
+        **training: Any,
     ) -> None:
         """
         Args:
-            target: The frozen target model (name, directory or .gguf) the prompts are trained for.
-            draft_vocab_size: Tokens the guesses are ranked over: the most frequent ones in the
-                training answers (stop tokens always included).
             num_prompts: Prompt tokens K: prompt j guesses the token j places after the one the
                 target emits.
             starts_per_sequence: Answer positions per batch row that get a group of prompt rows.
             depth_decay: Loss weight of prompt j is depth_decay**(j-1).
-            lr: Peak AdamW learning rate (linear warmup, cosine decay to `min_lr_ratio * lr`).
-            min_lr_ratio: Final learning rate as a fraction of `lr`.
-            warmup_steps: Optimizer steps of warmup.
-            weight_decay: AdamW weight decay on the prompt embeddings.
-            tree_nodes: Nodes of the static draft tree built from validation ranks and stored with the drafter.
-            max_rank: Candidates per node considered when building the tree.
-            export_dir: Where the drafter package is written at the end of `fit` (default
-                `drafter/` next to the run's checkpoints).
+            lr: Peak AdamW learning rate (`DrafterTraining.lr`; prompt embeddings take a higher one).
+            warmup_steps: Optimizer steps of warmup (`DrafterTraining.warmup_steps`, shorter here).
+            **training: `DrafterTraining`'s keywords (target, draft vocabulary, optimizer, tree,
+                export_dir).
         """
         if num_prompts < 1 or starts_per_sequence < 1 or not 0 < depth_decay <= 1:
             raise ConfigError(f"need num_prompts >= 1, starts_per_sequence >= 1 and 0 < depth_decay <= 1, got "
                               f"{num_prompts}, {starts_per_sequence}, {depth_decay}")
-        super().__init__(target, draft_vocab_size, lr, min_lr_ratio, warmup_steps, weight_decay, tree_nodes,
-                         max_rank, export_dir)
-        self.save_hyperparameters()
-        vocab = min(draft_vocab_size, self.target.config.vocab_size)
+        super().__init__(DrafterTraining(lr=lr, warmup_steps=warmup_steps, **training))
+        vocab = min(self.training_args.draft_vocab_size, self.target.config.vocab_size)
         self.net = PromptTokens(self.target.config.d_model, vocab, num_prompts)
         self.net.tie_head(self.target)
 
@@ -153,7 +140,7 @@ class PPDDrafter(DrafterModule):
         B, S, K, _ = logits.shape
         truth = tokens.gather(1, self.scored(starts).clamp_max(tokens.shape[1] - 1).view(B, S * K)).view(B, S, K)
         labels = torch.where(self.labelled(batch, starts, real), self.draft_labels(truth), -1)
-        ranks = label_ranks(logits.flatten(0, 2).float(), labels.flatten(), self.hparams["max_rank"])
+        ranks = label_ranks(logits.flatten(0, 2).float(), labels.flatten(), self.training_args.max_rank)
         return ranks.view(B, S, K)[real]
 
     def package_config(self) -> PPDConfig:

@@ -15,7 +15,7 @@ token for token against `fixed`, so it is still compared on equal terms.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from torch import Tensor
 
@@ -57,6 +57,8 @@ class Commit:
 class CommitPolicy(Protocol):
     lossless: bool
     """Whether the output is always that of one-token-per-step decoding (`fixed` with 1 token)."""
+    needs_training: ClassVar[bool]
+    """Runs a trained package (`path=`), made with `warpdecode fit` (learn2pd's filter)."""
     replaces_loop: bool
     """Whether the policy decodes a whole generation itself (`LoopDecoder.decode`) instead of
     choosing commits inside the shared loop."""
@@ -87,6 +89,7 @@ class StatelessPolicy:
     """Base of policies that need no model check and keep nothing between steps."""
 
     replaces_loop = False
+    needs_training: ClassVar[bool] = False
 
     def prepare(self, model: Backbone) -> None:
         """Nothing ties these policies to one model."""

@@ -35,7 +35,7 @@ Candidates = tuple[list[int], list[float]]
 
 
 @register("drafter", "adaptive_ngram")
-class AdaptiveNgram(Drafter):
+class AdaptiveNgramDrafter(Drafter):
     def __init__(self, top_k: int = 4, num_nodes: int = 8, max_depth: int = 8, max_entries: int = 500_000,
                  search: str = "best_first", simulations: int = 32, exploration: float = 0.5) -> None:
         """Args:

@@ -30,7 +30,7 @@ from warpdecode.runtime.onnx_drafters import OnnxClover
 
 
 @register("drafter", "clover")
-class CloverDraft(PackagedDrafter[CloverNet]):
+class CloverDrafter(PackagedDrafter[CloverNet]):
     kind = "clover"
     net_class = CloverNet
     onnx_graphs = True

@@ -44,7 +44,7 @@ def align(source: list[int], output: list[int], expected: int, max_ngram: int, n
 
 
 @register("drafter", "copy_input")
-class CopyInput(Drafter):
+class CopyInputDrafter(Drafter):
     def __init__(self, num_tokens: int = 12, max_ngram: int = 4, near: int = 3) -> None:
         """Args:
         num_tokens: longest span copied per step.

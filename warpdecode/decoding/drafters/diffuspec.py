@@ -44,7 +44,7 @@ def confident_prefix(confidence: list[float], min_confidence: float | None) -> i
 
 
 @register("drafter", "diffuspec")
-class DiffuSpec(Drafter):
+class DiffuSpecDrafter(Drafter):
     needs_training: ClassVar[bool] = True
 
     def __init__(self, model: str | None = None, num_tokens: int = 8, steps: int = 2,

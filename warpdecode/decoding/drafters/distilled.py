@@ -20,7 +20,7 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.drafters.draft_model import DraftModel
+from warpdecode.decoding.drafters.draft_model import DraftModelDrafter
 from warpdecode.decoding.drafters.learned import to_target_vocab
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
@@ -34,11 +34,10 @@ from warpdecode.runtime.onnx_drafters import OnnxDistilled
 
 
 @register("drafter", "distilled")
-class DistilledDraft(DraftModel):
+class DistilledDrafter(DraftModelDrafter):
     needs_training: ClassVar[bool] = True
     net_class = DistilledDraftNet
     onnx_graphs = True
-    name: ClassVar[str] = "distilled"
     kind: ClassVar[str] = "distilled"
 
     def __init__(self, path: str, num_tokens: int = 4, top_k: int = 1, replacement: bool = True,

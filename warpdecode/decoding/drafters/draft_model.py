@@ -30,7 +30,6 @@ number of draft forwards as a chain of `num_tokens` and `top_k` candidates per e
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -114,8 +113,7 @@ def propose_children(logits: Tensor, width: int, sampler: Sampler, replacement: 
 
 
 @register("drafter", "draft_model")
-class DraftModel(Drafter):
-    name: ClassVar[str] = "draft_model"
+class DraftModelDrafter(Drafter):
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  top_k: int = 1, replacement: bool = True, num_nodes: int | None = None) -> None:

@@ -41,7 +41,7 @@ def ancestor_mask(parents: list[int]) -> Tensor:
 
 
 @register("drafter", "eagle")
-class EagleDraft(PackagedDrafter[EagleNet]):
+class EagleDrafter(PackagedDrafter[EagleNet]):
     kind = "eagle"
     net_class = EagleNet
     onnx_graphs = True

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from warpdecode.decoding.drafters.layer_skip import LayerSkip
+from warpdecode.decoding.drafters.layer_skip import LayerSkipDrafter
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.errors import ConfigError
@@ -47,8 +47,8 @@ def load_layer_router(path: str, target: Backbone) -> tuple[LayerRouter, LayerRo
 
 
 @register("drafter", "first")
-class RoutedLayerSkip(LayerSkip):
-    name: ClassVar[str] = "first"
+class FirstDrafter(LayerSkipDrafter):
+    needs_training: ClassVar[bool] = True
     controls: ClassVar[Mapping[str, str]] = MappingProxyType({KIND: "router"})
 
     def __init__(self, router: str | None = None, num_tokens: int = 4, bits: int | None = None,

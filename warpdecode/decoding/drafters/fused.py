@@ -18,7 +18,7 @@ from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "fused")
-class FusedDrafters(Drafter):
+class FusedDrafter(Drafter):
     def __init__(self, drafters: str = "prompt_lookup,token_recycling", num_nodes: int = 16) -> None:
         """Args:
         drafters: names of training-free deterministic drafters to fuse, '+'- or comma-separated, in

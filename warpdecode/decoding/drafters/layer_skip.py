@@ -19,11 +19,10 @@ left to the controllers (`controller=adaptive`).
 from __future__ import annotations
 
 import random
-from typing import ClassVar
 
 import torch
 
-from warpdecode.decoding.drafters.draft_model import DraftModel, layer_subset
+from warpdecode.decoding.drafters.draft_model import DraftModelDrafter, layer_subset
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -55,8 +54,7 @@ def mutate(skip: list[int], n_layer: int, rng: random.Random) -> list[int]:
 
 
 @register("drafter", "layer_skip")
-class LayerSkip(DraftModel):
-    name: ClassVar[str] = "layer_skip"
+class LayerSkipDrafter(DraftModelDrafter):
 
     def __init__(self, num_skip: int = 6, num_tokens: int = 4, bits: int | None = None, search_steps: int = 8,
                  candidates: int = 2, window: int = 16, seed: int = 0) -> None:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.drafters.prompt_lookup import PromptLookup
+from warpdecode.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from warpdecode.decoding.latency import choose_nodes, verify_seconds
 from warpdecode.decoding.protocols import DecodeState, Drafter
 from warpdecode.decoding.tree import DraftTree
@@ -126,7 +126,7 @@ class PackagedDrafter(Drafter, ABC, Generic[NetT]):
                  lookup: int = 0, lookup_scale: bool = True) -> None:
         if lookup < 0:
             raise ConfigError(f"{self.kind} lookup must be >= 0 (0: no prompt lookup), got {lookup}")
-        self.copier = PromptLookup(num_tokens=lookup, scale=lookup_scale) if lookup else None
+        self.copier = PromptLookupDrafter(num_tokens=lookup, scale=lookup_scale) if lookup else None
         """Prompt lookup whose chain is fused into every proposal (`lookup` > 0)."""
         if tree not in self.trees:
             raise ConfigError(f"{self.kind} tree must be one of {', '.join(self.trees)}, got {tree!r}")

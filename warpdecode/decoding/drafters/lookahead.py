@@ -29,7 +29,7 @@ from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "lookahead")
-class Lookahead(Drafter):
+class LookaheadDrafter(Drafter):
     def __init__(self, window: int = 4, ngram: int = 3, max_candidates: int = 3, pool_size: int = 8) -> None:
         """Args:
         window: Jacobi window length (auxiliary rows per verify forward).

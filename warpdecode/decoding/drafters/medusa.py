@@ -33,7 +33,7 @@ from warpdecode.runtime.onnx_drafters import OnnxHeads
 HeadsT = TypeVar("HeadsT", bound=FutureHeads)
 
 
-class HeadsDraft(PackagedDrafter[HeadsT]):
+class HeadsDrafter(PackagedDrafter[HeadsT]):
     """What Medusa and Hydra share: options, the network, its graphs, the depth limit, no per-request state."""
 
     onnx_graphs = True
@@ -82,7 +82,7 @@ class HeadsDraft(PackagedDrafter[HeadsT]):
 
 
 @register("drafter", "medusa")
-class MedusaDraft(HeadsDraft[MedusaHeads]):
+class MedusaDrafter(HeadsDrafter[MedusaHeads]):
     kind = "medusa"
 
     net_class = MedusaHeads
@@ -95,7 +95,7 @@ class MedusaDraft(HeadsDraft[MedusaHeads]):
 
 
 @register("drafter", "hydra")
-class HydraDraft(HeadsDraft[HydraHeads]):
+class HydraDrafter(HeadsDrafter[HydraHeads]):
     kind = "hydra"
 
     net_class = HydraHeads

@@ -37,7 +37,7 @@ from warpdecode.models.ppd import PromptTokens
 
 
 @register("drafter", "ppd")
-class PPDDraft(PackagedDrafter[PromptTokens]):
+class PPDDrafter(PackagedDrafter[PromptTokens]):
     kind = "ppd"
     net_class = PromptTokens
 

@@ -44,7 +44,7 @@ def scaled_length(num_tokens: int, n: int, max_ngram: int) -> int:
 
 
 @register("drafter", "prompt_lookup")
-class PromptLookup(Drafter):
+class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = True) -> None:
         """Args:
         max_ngram: longest suffix n-gram to look up.

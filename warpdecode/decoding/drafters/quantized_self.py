@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from warpdecode.decoding.drafters.chain_stop import StopRule, build_stop_rule, check_stop_options
-from warpdecode.decoding.drafters.draft_model import DraftModel, first_layers, propose_children
+from warpdecode.decoding.drafters.draft_model import DraftModelDrafter, first_layers, propose_children
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -45,7 +45,7 @@ from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.quantized import Bits, quantized_copy
 
 
-class QuantizedSelfDraft(DraftModel):
+class QuantizedSelfDrafter(DraftModelDrafter):
     bits: ClassVar[Bits]
     controls: ClassVar[Mapping[str, str]] = MappingProxyType({"acceptance_head": "acceptance_head"})
 
@@ -165,18 +165,16 @@ def load_acceptance_head(path: str, target: Backbone) -> AcceptanceHead:
 
 
 @register("drafter", "int8_self")
-class Int8SelfDraft(QuantizedSelfDraft):
+class Int8SelfDrafter(QuantizedSelfDrafter):
     """Per-channel int8 weights in every linear layer."""
 
-    name: ClassVar[str] = "int8_self"
     bits: ClassVar[Bits] = 8
 
 
 @register("drafter", "int4_self")
-class Int4SelfDraft(QuantizedSelfDraft):
+class Int4SelfDrafter(QuantizedSelfDrafter):
     """Group-wise int4 weights (groups of 32) in the blocks, int8 in the LM head."""
 
-    name: ClassVar[str] = "int4_self"
     bits: ClassVar[Bits] = 4
 
     def __init__(self, num_tokens: int = 6, top_k: int = 1, layers: int | None = None,

@@ -98,7 +98,7 @@ def trie_tree(continuations: np.ndarray, num_nodes: int) -> DraftTree:
 
 
 @register("drafter", "retrieval")
-class Retrieval(Drafter):
+class RetrievalDrafter(Drafter):
     def __init__(self, corpus: str = "stdlib", tokenizer: str = DEFAULT_MODEL, max_tokens: int = 4_000_000,
                  num_nodes: int = 8, depth: int = 6, max_matches: int = 64, max_ngram: int = 8) -> None:
         """Args:

@@ -23,7 +23,7 @@ from warpdecode.models.backbone import Backbone
 
 
 @register("drafter", "token_recycling")
-class TokenRecycling(Drafter):
+class TokenRecyclingDrafter(Drafter):
     def __init__(self, top_k: int = 8, num_nodes: int = 8, max_depth: int = 8) -> None:
         """Args:
         top_k: candidates stored per token (matrix columns); ranks beyond it are never drafted.
