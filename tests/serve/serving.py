@@ -56,6 +56,9 @@ def serve_in_thread(target, tokenizer, **options) -> Iterator[Served]:
     app = create_app(scheduler, model_name=MODEL_NAME, **options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    # accepted sockets inherit it; without it a socket handed to uvicorn keeps Nagle's algorithm, and a
+    # keep-alive answer (headers and body written apart) waits for a delayed ACK: 42 ms vs 1.3 ms measured
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.listen(16)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
