@@ -42,7 +42,7 @@ def command_functions() -> list[Callable[..., None]]:
     from warpdecode import commands
 
     return [commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
-            commands.prompts, commands.self_chat]
+            commands.prompts, commands.self_chat, commands.serve]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -673,3 +673,54 @@ def _bench_diffusion(model: str, methods: str | list[Any] | None, prompts: str |
     paths = result.write(out)
     print(result.table())
     print(f"\nwrote {', '.join(map(str, paths.values()))}")
+
+
+def serve(
+    *,
+    model: str | None = None,
+    package: Path | None = None,
+    backend: str = "torch",
+    device: str = "cpu",
+    dtype: str = "fp32",
+    method: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    max_queue: int = 64,
+    threads: int | None = None,
+) -> None:
+    """Serve a model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
+    /health and Prometheus /metrics (docs/serve.md).
+
+    Runs until SIGINT or SIGTERM, then finishes the requests in flight before it exits. Example:
+    `warpdecode serve --method prompt_lookup --port 8000`, then point an OpenAI client at
+    http://127.0.0.1:8000/v1. A request may pick its own method with the `speculation` field.
+
+    Args:
+        model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
+        package: an inference package (`warpdecode export`) to serve instead of --model.
+        backend: the backend to run on (see `warpdecode generate --help`).
+        device: cpu, or cuda (a CUDA device such as cuda:1).
+        dtype: precision of --model's weights: fp32, bf16 or fp16.
+        method: the default decoding method NAME[:KEY=VALUE...] (as `generate --method`); none = plain
+            decoding (the default, or the method a package was exported with).
+        host: address to listen on (127.0.0.1: this machine only).
+        port: TCP port to listen on.
+        served_model_name: the model id clients name in requests (default: --model, the package's
+            folder name, or the default model's name).
+        max_queue: requests accepted beyond the one decoding; more are answered 429 with Retry-After.
+        threads: CPU threads for torch (default: torch's choice).
+    """
+    from warpdecode.serve.server import build_server
+
+    _check_one(backend, "--backend", "backend", "--backends")
+    _check_threads(threads)
+    if method is not None:
+        _check_one(method, "--method", "method", "--methods")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
+    name = served_model_name or (package.name if package is not None else model or DEFAULT_MODEL)
+    server = build_server(target, tokenizer, model_name=name, method=method or default_method,
+                          drafter_options=drafter_options, host=host, port=port, max_queue=max_queue)
+    server.run()

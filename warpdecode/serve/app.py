@@ -1,0 +1,329 @@
+"""The ASGI application: OpenAI's completions, chat completions and models endpoints, health and metrics.
+
+A request is read and checked here (body size, JSON, fields, model name, prompt length against the
+context, the `speculation` spec) and becomes a `Job` for the scheduler; every refusal is a 4xx in
+OpenAI's error shape before any decoding starts. Streamed answers are server-sent events in OpenAI's
+chunk shapes, ending with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from warpdecode.decoding.generate import prompt_ids
+from warpdecode.decoding.sampler import SamplingConfig
+from warpdecode.decoding.specs import MethodSpec, parse_method
+from warpdecode.errors import WarpdecodeError, one_line
+from warpdecode.serve.metrics import ServerMetrics
+from warpdecode.serve.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    bad_request,
+    parse_body,
+)
+from warpdecode.serve.scheduler import Delta, Event, Failed, Finished, Job, Scheduler
+
+MAX_BODY_BYTES = 1 << 20
+"""Largest request body read (413 beyond): a prompt longer than any context fits well within it."""
+DISCONNECT_POLL_SECONDS = 0.25
+"""How often a non-streamed request checks that its client is still there while it waits."""
+
+Kind = Literal["completion", "chat"]
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+class _CountRequests:
+    """ASGI middleware counting answered requests by endpoint and status (streams counted at their start)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics, endpoints: set[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in self.endpoints else "other"
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "none",
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The server's app around a (not yet started) `scheduler`; its lifespan starts the scheduler and,
+    at shutdown, lets it finish the requests it holds."""
+    target, tokenizer, metrics = scheduler.target, scheduler.tokenizer, scheduler.metrics
+    context = target.config.max_seq_len
+    created = int(time.time())
+    _spec(default_method, scheduler)  # a bad --method is refused before the server listens
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not scheduler.alive:
+            scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(scheduler.close)
+
+    app = FastAPI(title="warpdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    endpoints = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+    app.add_middleware(_CountRequests, metrics=metrics, endpoints=endpoints)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return _error_response(error)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return _error_response(ApiError(error.status_code, str(error.detail), type=kind,  # type: ignore[arg-type]
+                                        headers=dict(error.headers or {})))
+
+    @app.exception_handler(_ClientGone)
+    async def client_gone(_: Request, error: _ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: "client closed request", as nginx logs it
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception) -> JSONResponse:
+        return _error_response(ApiError(500, f"internal error: {one_line(error)}", type="server_error"))
+
+    def model_card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "warpdecode",
+                "max_model_len": context}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not scheduler.alive:
+            return _error_response(ApiError(503, "the model's scheduler is not running", type="unavailable_error"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> JSONResponse:
+        _check_model(name, model_name)
+        return JSONResponse(model_card())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _read_body(request, max_body_bytes)
+        req: CompletionRequest = parse_body(CompletionRequest, body)
+        req.check()
+        _check_model(req.model, model_name)
+        prompt = req.single_prompt()
+        if isinstance(prompt, list) and any(not 0 <= t < target.config.vocab_size for t in prompt):
+            raise bad_request(f"prompt token ids must be in [0, {target.config.vocab_size})", "prompt")
+        ids = await run_in_threadpool(_prompt_ids, lambda: prompt_ids(target, tokenizer, prompt, chat=False),
+                                      "prompt")
+        return await _answer(request, req, ids, req.max_tokens, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _read_body(request, max_body_bytes)
+        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, body)
+        req.check()
+        _check_model(req.model, model_name)
+        if tokenizer.chat_template is None:
+            raise bad_request(f"model {model_name!r} has no chat template; use /v1/completions", "messages")
+        messages = req.template_messages()
+
+        def encode() -> list[int]:
+            text = tokenizer.apply_chat_template(messages)
+            return prompt_ids(target, tokenizer, tokenizer.encode(text, add_special_tokens=False), chat=False)
+
+        ids = await run_in_threadpool(_prompt_ids, encode, "messages")
+        return await _answer(request, req, ids, req.token_limit, "chat")
+
+    async def _answer(request: Request, req: CompletionRequest | ChatCompletionRequest, ids: list[int],
+                      max_tokens: int | None, kind: Kind) -> Response:
+        room = context - len(ids)
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            field = "max_completion_tokens" if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens \
+                else "max_tokens"
+            raise bad_request(f"this model's maximum context length is {context} tokens; the prompt has {len(ids)} "
+                              f"tokens, so {field} can be at most {room}, got {max_tokens}", field,
+                              "context_length_exceeded")
+        temperature = 1.0 if req.temperature is None else req.temperature
+        try:
+            sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
+                                      top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+                                      frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
+        except WarpdecodeError as error:
+            raise bad_request(one_line(error)) from None
+        spec = _spec(req.speculation or default_method, scheduler)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:  # called from the scheduler's thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = Job(ids, max_tokens, sampling, spec, req.stops(), emit)
+        scheduler.submit(job)
+        meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": model_name}
+        try:
+            first = await _next_event(events, request)
+        except BaseException:
+            job.cancel()
+            raise
+        if isinstance(first, Failed):
+            raise first.error
+        if req.stream:
+            return StreamingResponse(_stream(job, events, first, kind, meta, req.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        parts: list[str] = []
+        event: Event = first
+        try:
+            while not isinstance(event, Finished):
+                if isinstance(event, Failed):
+                    raise event.error
+                parts.append(event.text)
+                event = await _next_event(events, request)
+        except BaseException:
+            job.cancel()
+            raise
+        return JSONResponse(_full(kind, meta, "".join(parts), event))
+
+    return app
+
+
+def _check_model(name: str | None, served: str) -> None:
+    if name is not None and name != served:
+        raise ApiError(404, f"the model {name!r} does not exist; this server serves {served!r}",
+                       type="not_found_error", param="model", code="model_not_found")
+
+
+def _prompt_ids(encode: Callable[[], list[int]], param: str) -> list[int]:
+    try:
+        return encode()
+    except WarpdecodeError as error:
+        code = "context_length_exceeded" if "context" in str(error) else None
+        raise bad_request(one_line(error), param, code) from None
+
+
+def _spec(text: str, scheduler: Scheduler) -> MethodSpec:
+    """The checked method spec of `speculation` (or the server's default)."""
+    try:
+        spec = parse_method(text).with_defaults(scheduler.drafter_options)
+        spec.validate(complete=False)
+    except WarpdecodeError as error:
+        raise bad_request(f"speculation: {one_line(error)}", "speculation") from None
+    return spec
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 past `limit` bytes (read no further than that)."""
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _next_event(events: asyncio.Queue[Event], request: Request) -> Event:
+    """The job's next event; `_ClientGone` when the client disconnected while waiting."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise _ClientGone from None
+
+
+def _full(kind: Kind, meta: dict[str, Any], text: str, done: Finished) -> dict[str, Any]:
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": done.reason}
+        return {**meta, "object": "chat.completion", "choices": [choice], "usage": done.usage.to_dict()}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.reason}
+    return {**meta, "object": "text_completion", "choices": [choice], "usage": done.usage.to_dict()}
+
+
+def _chunk(kind: Kind, meta: dict[str, Any], text: str | None, finish: str | None, *, role: bool = False) -> bytes:
+    if kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if role else \
+            ({} if text is None else {"content": text})
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        body = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
+    else:
+        body = {**meta, "object": "text_completion",
+                "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+    return _sse(body)
+
+
+def _sse(body: dict[str, Any] | str) -> bytes:
+    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n".encode()
+
+
+async def _stream(job: Job, events: asyncio.Queue[Event], first: Event, kind: Kind, meta: dict[str, Any],
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    """The job's events as OpenAI's stream chunks; the job is cancelled if the stream ends early (the
+    client went away and the response was cancelled)."""
+    finished = False
+    try:
+        if kind == "chat":
+            yield _chunk(kind, meta, "", None, role=True)
+        event = first
+        while True:
+            if isinstance(event, Delta):
+                if event.text:
+                    yield _chunk(kind, meta, event.text, None)
+            elif isinstance(event, Failed):
+                finished = True
+                yield _sse(event.error.body())
+                break
+            else:
+                finished = True
+                yield _chunk(kind, meta, None, event.reason)
+                if include_usage:
+                    yield _sse({**meta, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                                "choices": [], "usage": event.usage.to_dict()})
+                break
+            event = await events.get()
+        yield _sse("[DONE]")
+    finally:
+        if not finished:
+            job.cancel()
+
