@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -49,6 +50,8 @@ def scaled_length(num_tokens: int, n: int, max_ngram: int) -> int:
 class PromptLookup:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
+    device_drafter: ClassVar[type[DevicePromptLookup]] = DevicePromptLookup
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = True) -> None:
         """Args:

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import torch
 
+from warpdecode.decoding.device_step.token_recycling import DeviceTokenRecycling
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -28,6 +29,8 @@ from warpdecode.models.backbone import Backbone
 class TokenRecycling:
     needs_hidden_states: ClassVar[tuple[int, ...]] = ()
     needs_training: ClassVar[bool] = False
+    device_drafter: ClassVar[type[DeviceTokenRecycling]] = DeviceTokenRecycling
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 
     def __init__(self, top_k: int = 8, num_nodes: int = 8, max_depth: int = 8) -> None:
         """Args:
