@@ -467,6 +467,7 @@ def methods(*, json_output: bool = False) -> None:
                 # a drafter's output is decided by its verifier; the default verifiers are lossless
                 "lossless": getattr(cls, "lossless", kind == "drafter" or None),
                 "needs_training": getattr(cls, "needs_training", False),
+                "device_step": getattr(cls, "device_drafter", None) is not None,  # runs in decoding/device_step
                 "options": registry.options(cls),
                 "summary": (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0],
             })

@@ -3,6 +3,8 @@ accepted lengths for the same drafter, in its static (capturable) and eager CPU 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tiny_models import greedy_target
 
@@ -106,3 +108,11 @@ def test_device_form_is_made_once_per_drafter() -> None:
     drafter = build_method("token_recycling").drafter
     assert device_form(drafter) is device_form(drafter)
     assert device_form(build_method("token_recycling").drafter) is not device_form(drafter)
+
+
+def test_methods_json_says_which_methods_have_it(capsys) -> None:
+    from warpdecode.commands import methods
+
+    methods(json_output=True)
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in rows if r["device_step"]} == {"prompt_lookup", "token_recycling"}
