@@ -142,12 +142,17 @@ def generate(
 
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
     if device_step:
+        from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
+        from warpdecode.decoding.verifiers.greedy_match import GreedyMatch
 
-        if do_sample or sampler.penalties:
-            raise CapabilityError("the device step runs greedy decoding without penalties")
+        if do_sample or sampler.penalties or not isinstance(built.verifier, GreedyMatch):
+            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
+        if not isinstance(built.controller, FixedBudget):
+            raise CapabilityError("the device step drafts a static tree: it takes the fixed controller only")
         new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
-                                        max_nodes=built.max_tree_nodes, on_tokens=on_tokens if stream is not None else None)
+                                        max_nodes=min(built.max_tree_nodes, built.controller.max_nodes),
+                                        on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
                                  on_tokens=on_tokens if stream is not None else None)

@@ -63,6 +63,9 @@ def run_device(
             device but the CPU, where the eager form runs the drafted rows only (`DeviceStep.verify`).
         read_every: steps between reads of the `done` flag (static steps; the eager form reads every step).
         on_tokens: receives the new tokens at each read.
+
+    A step is one piece of device work: `stats.target_seconds` is the whole loop and
+    `stats.draft_seconds` stays 0.
     """
     model = target.torch_model()
     device = model.embed.weight.device

@@ -11,8 +11,10 @@ Every write is masked by `done`: a step after the end changes nothing the host r
 its forward), so the host may read `done` only every few steps.
 
 `verify(rows=...)` is the eager form for CPUs, where a verify row costs compute: the forward runs
-over the drafted rows only (`rows`, read by the host), so a step costs what the host engine's step of
-the same draft costs. Keys and values are then written compacted, and the commit reads them there.
+over the drafted rows only (`rows`, read by the host), with the model's own forward, which attends
+up to the real length (host-side) instead of over the whole cache, so a step costs what the host
+engine's step of the same draft costs. Keys and values are then written compacted, and the commit
+reads them there.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ class DeviceStep:
             best, slots, fed, kept_fed = logits.argmax(-1), self.row_index, ext, kept  # (W,) each
         else:
             fed, mask = ext[rows], tables.mask[:, rows][:, :, rows]  # (w,), (1, w, w)
-            logits = self.model.forward_static(fed[None], positions[rows][None], s.length, mask, self.cache).logits[0]
+            self.cache.lengths = s.length.cpu()  # the model's own forward: keys up to the real length only
+            logits = self.model(fed[None], positions[rows][None], self.cache,
+                                mask if rows.shape[0] > 1 else None).logits[0]
             best = torch.zeros_like(ext).index_copy_(0, rows, logits.argmax(-1))  # (W,) 0 on rows not run
             slots = torch.zeros_like(ext).index_copy_(0, rows, torch.arange(rows.shape[0], device=rows.device))
             kept_fed = kept[rows]
