@@ -542,6 +542,7 @@ def methods(*, json_output: bool = False) -> None:
                 "name": name,
                 "lossless": cls.lossless,  # a drafter's: its default verifiers' (`Drafter.lossless`)
                 "needs_training": cls.needs_training,
+                "device_step": getattr(cls, "device_drafter", None) is not None,  # a drafter's form in decoding/device_step
                 "options": registry.options(cls),
                 "summary": _first_sentence(sys.modules[cls.__module__].__doc__),
             })

@@ -112,6 +112,7 @@ def generate(
     stop_at_eos: bool = True,
     method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
+    device_step: bool = False,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -122,6 +123,8 @@ def generate(
     increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
     output text is empty. An empty prompt is allowed when it still gives the model a token: the chat
     template's, or else the model's BOS token (`prompt_ids`); a `ConfigError` says so otherwise.
+    `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
+    methods whose drafter has a device form.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -137,11 +140,22 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(stream.push(tokens))
 
-    new, finish, stats = run(
-        model, ids, built, sampler, max_new_tokens=budget,
-        stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set(),
-        on_tokens=on_tokens if stream is not None else None,
-    )
+    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
+    if device_step:
+        from warpdecode.decoding.controllers.fixed import FixedBudget
+        from warpdecode.decoding.device_step.loop import device_form, run_device
+        from warpdecode.decoding.verifiers.greedy_match import GreedyMatch
+
+        if do_sample or sampler.penalties or not isinstance(built.verifier, GreedyMatch):
+            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
+        if not isinstance(built.controller, FixedBudget):
+            raise CapabilityError("the device step drafts a static tree: it takes the fixed controller only")
+        new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
+                                        max_nodes=min(built.max_tree_nodes, built.controller.max_nodes),
+                                        on_tokens=on_tokens if stream is not None else None)
+    else:
+        new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
+                                 on_tokens=on_tokens if stream is not None else None)
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
     return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)

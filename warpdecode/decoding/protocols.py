@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -25,6 +25,9 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.draft_head import DraftVocabNet
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.device_step.state import DeviceDrafter
 
 
 @dataclass
@@ -97,6 +100,9 @@ class Drafter(Protocol):
     controls: ClassVar[Mapping[str, str]] = NO_CONTROLS
     """The small learned controls it reads: package kind (`drafter.json`'s `kind`) → the option that
     takes its directory, which `registry.package_options` fills from an inference package."""
+    device_drafter: ClassVar[type[DeviceDrafter] | None] = None
+    """Its form made of tensor ops for the device-resident step (`decoding/device_step`); None: the
+    drafter keeps host state and runs in the engine's loop only."""
 
     def prepare(self, target: Backbone) -> None:
         """Called before each request's timed decode: load weights or build views of `target` here

@@ -8,6 +8,9 @@ decoding costs.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -45,6 +48,9 @@ def scaled_length(num_tokens: int, n: int, max_ngram: int) -> int:
 
 @register("drafter", "prompt_lookup")
 class PromptLookupDrafter(Drafter):
+    device_drafter: ClassVar[type[DevicePromptLookup]] = DevicePromptLookup
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = True) -> None:
         """Args:
         max_ngram: longest suffix n-gram to look up.

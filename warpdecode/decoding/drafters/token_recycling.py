@@ -12,8 +12,11 @@ Lossless with any lossless verifier (the drafts are deterministic proposals).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from warpdecode.decoding.device_step.token_recycling import DeviceTokenRecycling
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -24,6 +27,9 @@ from warpdecode.models.backbone import Backbone
 
 @register("drafter", "token_recycling")
 class TokenRecyclingDrafter(Drafter):
+    device_drafter: ClassVar[type[DeviceTokenRecycling]] = DeviceTokenRecycling
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
+
     def __init__(self, top_k: int = 8, num_nodes: int = 8, max_depth: int = 8) -> None:
         """Args:
         top_k: candidates stored per token (matrix columns); ranks beyond it are never drafted.

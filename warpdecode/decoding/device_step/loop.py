@@ -1,0 +1,117 @@
+"""The host loop of the device-resident step: prefill, then run steps and read the device `done`
+flag (and, when streaming, the new tokens) every `read_every` steps; read the output at the end.
+
+Greedy decoding with a drafter that has a device form (`device_drafter` on its class): the output
+equals plain greedy decoding's, and the accepted lengths equal the engine's with the same drafter.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
+from warpdecode.decoding.device_step.step import DeviceStep
+from warpdecode.decoding.outputs import DecodeStats, FinishReason
+from warpdecode.errors import CapabilityError
+from warpdecode.models.backbone import Backbone
+from warpdecode.models.cache import KVCache
+
+_FORMS: weakref.WeakKeyDictionary[Any, DeviceDrafter] = weakref.WeakKeyDictionary()
+
+
+def has_device_form(drafter: object) -> bool:
+    """Whether the drafter's class declares a device form (`device_drafter`, a class with `of(drafter)`)."""
+    return getattr(type(drafter), "device_drafter", None) is not None
+
+
+def device_form(drafter: object) -> DeviceDrafter:
+    """The drafter's device form, made once per drafter: what it learns (Token Recycling's matrix)
+    lasts as long as the drafter, across requests, as the host drafter's state does."""
+    if not has_device_form(drafter):
+        name = getattr(drafter, "registry_name", type(drafter).__name__)
+        raise CapabilityError(f"method {name!r} has no device step (its drafter keeps host state); "
+                              "`warpdecode methods --json` lists the methods that have one (device_step)")
+    if drafter not in _FORMS:
+        _FORMS[drafter] = type(drafter).device_drafter.of(drafter)  # type: ignore[attr-defined]
+    return _FORMS[drafter]
+
+
+@torch.inference_mode()
+def run_device(
+    target: Backbone,
+    prompt_ids: list[int],
+    drafter: DeviceDrafter,
+    *,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    max_nodes: int = 64,
+    static: bool | None = None,
+    read_every: int = 1,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> tuple[list[int], FinishReason, DecodeStats]:
+    """Greedy decoding of up to `max_new_tokens` after `prompt_ids` (which leave that room in the
+    context) with device steps.
+
+    Args:
+        max_nodes: most valid draft nodes per step (the engine's `Method.max_tree_nodes`).
+        static: run every forward row of the static tree (the capturable step); None: on every
+            device but the CPU, where the eager form runs the drafted rows only (`DeviceStep.verify`).
+        read_every: steps between reads of the `done` flag (static steps; the eager form reads every step).
+        on_tokens: receives the new tokens at each read.
+
+    A step is one piece of device work: `stats.target_seconds` is the whole loop and
+    `stats.draft_seconds` stays 0.
+    """
+    model = target.torch_model()
+    device = model.embed.weight.device
+    static = device.type != "cpu" if static is None else static
+    if read_every < 1:
+        raise ValueError(f"read_every must be >= 1, got {read_every}")
+    model.pack_for_cpu_inference()
+    drafter.prepare(model.config.vocab_size, device)
+    n = len(prompt_ids)
+    config = model.config
+    cache = KVCache(config.n_layer, 1, config.kv_head_count, n + max_new_tokens + drafter.tree.width,
+                    config.head_width, dtype=model.embed.weight.dtype, device=device)
+    stop = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
+    stats = DecodeStats(prompt_tokens=n)
+    start = time.perf_counter()
+    out = model(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None))
+    pending = out.logits[:, -1].argmax(-1)  # (1,)
+    state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=drafter.tree.width,
+                              stop_ids=stop)
+    read = 0
+    if on_tokens is not None:
+        on_tokens([int(pending[0])])
+        read = 1
+    stats.time_to_first_token = time.perf_counter() - start
+    drafter.update(state.history[n - 1 : n], out.logits[0], torch.ones(1, dtype=torch.bool, device=device))
+    step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes)
+    first_row = torch.zeros(1, dtype=torch.int64, device=device)
+    loop_start = time.perf_counter()
+    while not bool(state.done):
+        if static:
+            for _ in range(read_every):
+                step()
+        else:
+            tokens, valid = step.draft()
+            step.verify(tokens, valid, torch.cat([first_row, valid.nonzero()[:, 0] + 1]))
+        if on_tokens is not None:
+            count = int(state.new)
+            on_tokens(state.history[n + read : n + count].tolist())
+            read = count
+    new = state.history[n : n + int(state.new)].tolist()
+    stats.seconds = time.perf_counter() - start
+    stats.target_seconds = time.perf_counter() - loop_start
+    stats.new_tokens = len(new)
+    forwards = int(state.steps)
+    stats.target_forwards = forwards
+    stats.accepted_per_step = state.accepted[:forwards].tolist()
+    stats.proposed_per_step = state.proposed[:forwards].tolist()
+    finish: FinishReason = "eos" if new[-1] in stop_ids else "length"
+    return new, finish, stats

@@ -1,0 +1,107 @@
+"""One device-resident speculative step (greedy): draft → verify → accept → KV commit → drafter
+update → advance, with fixed shapes and no host read, so that one CUDA graph can replay it.
+
+    tokens, valid = drafter.draft(state, room)                  # (N,), (N,)  static tree
+    logits = target.forward_static([pending] + tokens, tree mask)   # (W, V)   writes W cache slots
+    accepted, rows, emitted = greedy_tree_accept(...)            # the path greedy matching keeps
+    commit_tree_path(...)                                         # skipped for chains
+    drafter.update(...); write `emitted` into the history up to the first stop token; advance
+
+Every write is masked by `done`: a step after the end changes nothing the host reads (it still runs
+its forward), so the host may read `done` only every few steps.
+
+`verify(rows=...)` is the eager form for CPUs, where a verify row costs compute: the forward runs
+over the drafted rows only (`rows`, read by the host), with the model's own forward, which attends
+up to the real length (host-side) instead of over the whole cache, so a step costs what the host
+engine's step of the same draft costs. Keys and values are then written compacted, and the commit
+reads them there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
+from warpdecode.kernels.kv_commit import commit_tree_path
+from warpdecode.kernels.tree_accept import greedy_tree_accept
+from warpdecode.models.cache import KVCache
+from warpdecode.models.transformer import Transformer
+
+
+class DeviceStep:
+    def __init__(self, model: Transformer, drafter: DeviceDrafter, state: DeviceState, cache: KVCache,
+                 stop_ids: Tensor, *, max_nodes: int) -> None:
+        """Args:
+        model: the target (its static forward).
+        drafter: a prepared device drafter.
+        state: the request's buffers after the prefill.
+        cache: the target's cache; holds `state.length` positions and room for one forward past the
+            last one.
+        stop_ids: (S,) int64 stop tokens on the device (may be empty).
+        max_nodes: most valid draft nodes per step (the engine's budget).
+        """
+        self.model, self.drafter, self.state, self.cache = model, drafter, state, cache
+        self.stop_ids, self.max_nodes = stop_ids, max_nodes
+        tables = drafter.tree.tables
+        device = state.history.device
+        self.max_position = model.config.max_seq_len - 1
+        self.depth_index = torch.arange(tables.max_depth + 1, device=device)  # (Dmax+1,)
+        self.row_index = torch.arange(drafter.tree.width, device=device)  # (W,)
+        self.true = torch.ones(1, dtype=torch.bool, device=device)
+
+    def draft(self) -> tuple[Tensor, Tensor]:
+        """(N,) int64 draft tokens and (N,) bool valid nodes for this step."""
+        s = self.state
+        room = (s.max_new_tokens - 1 - s.new).clamp(min=0, max=self.max_nodes)
+        return self.drafter.draft(s, room)
+
+    def verify(self, tokens: Tensor, valid: Tensor, rows: Tensor | None = None) -> None:
+        """Verify the draft, accept, commit and advance.
+
+        Args:
+            tokens: (N,) int64 and valid: (N,) bool, from `draft`.
+            rows: None (every forward row: the static step), or (w,) int64 the forward rows to run,
+                increasing, the pending token's and every valid node's among them (eager form).
+        """
+        s, tables = self.state, self.drafter.tree.tables
+        ext = torch.cat([s.pending(), torch.where(valid, tokens, 0)])  # (W,) invalid nodes carry token 0
+        positions = (s.length + tables.row_depths).clamp(max=self.max_position)  # (W,) invalid rows only clamp
+        kept = torch.cat([self.true, valid]) & ~s.done  # (W,) rows the drafter learns from
+        if rows is None:
+            logits = self.model.forward_static(ext[None], positions[None], s.length, tables.mask, self.cache).logits[0]
+            best, slots, fed, kept_fed = logits.argmax(-1), self.row_index, ext, kept  # (W,) each
+        else:
+            fed, mask = ext[rows], tables.mask[:, rows][:, :, rows]  # (w,), (1, w, w)
+            self.cache.lengths = s.length.cpu()  # the model's own forward: keys up to the real length only
+            logits = self.model(fed[None], positions[rows][None], self.cache,
+                                mask if rows.shape[0] > 1 else None).logits[0]
+            best = torch.zeros_like(ext).index_copy_(0, rows, logits.argmax(-1))  # (W,) 0 on rows not run
+            slots = torch.zeros_like(ext).index_copy_(0, rows, torch.arange(rows.shape[0], device=rows.device))
+            kept_fed = kept[rows]
+        accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
+        commit_tree_path(self.cache.k, self.cache.v, s.length, slots.index_select(0, path), in_place=tables.is_chain)
+        self.drafter.update(fed, logits, kept_fed)
+        self._advance(accepted, emitted, (tables.depths * valid).amax() if tables.size else accepted)
+
+    def __call__(self) -> None:
+        """The static step: every forward row, no host read."""
+        tokens, valid = self.draft()
+        self.verify(tokens, valid)
+
+    def _advance(self, accepted: Tensor, emitted: Tensor, proposed: Tensor) -> None:
+        """Write the emitted tokens (through the first stop token) after the pending one, log the step."""
+        s, d = self.state, self.depth_index
+        stop = torch.isin(emitted, self.stop_ids) & (d <= accepted)  # (Dmax+1,)
+        stopped = stop.any()
+        count = torch.where(stopped, stop.to(torch.int64).argmax() + 1, accepted + 1)
+        count = torch.where(s.done, 0, count)  # () tokens emitted by this step
+        slots = (s.length + 1 + d).clamp(max=s.history.shape[0] - 1)  # (Dmax+1,)
+        s.history.index_copy_(0, slots, torch.where(d < count, emitted, s.history.index_select(0, slots)))
+        step = s.steps.clamp(max=s.accepted.shape[0] - 1).view(1)
+        s.accepted.index_copy_(0, step, torch.where(s.done, s.accepted.index_select(0, step), accepted))
+        s.proposed.index_copy_(0, step, torch.where(s.done, s.proposed.index_select(0, step), proposed))
+        s.steps.add_((~s.done).to(torch.int64))
+        s.length.add_(count)
+        s.new.add_(count)
+        s.done.copy_(s.done | stopped | (s.new >= s.max_new_tokens))

@@ -1,0 +1,71 @@
+"""A static draft tree on the device, built once per method from rank paths (`tree_shapes`).
+
+Node `i` is rank path `paths[i]`; its parent is the path without its last rank. Nodes are filled
+level by level (`levels`): a node at depth d takes the `ranks[i]`-th candidate after its parent's
+token. Index conventions are those of `decoding/tree.py` (see `kernels.tree_accept.TreeTables`).
+
+Example: paths [(0,), (1,), (0, 0)] → parents [-1, -1, 0], ranks [0, 1, 0],
+levels [(nodes [0, 1], parent rows [0, 0], ranks [0, 1]), (nodes [2], parent rows [1], ranks [0])].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.tree_shapes import RankPath, chain
+from warpdecode.kernels.tree_accept import TreeTables
+
+
+@dataclass(frozen=True)
+class Level:
+    nodes: Tensor  # (n_d,) int64, the nodes at this depth
+    parent_rows: Tensor  # (n_d,) int64, their parents' forward rows
+    ranks: Tensor  # (n_d,) int64, the candidate rank each takes after its parent's token
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    paths: tuple[RankPath, ...]
+    tables: TreeTables
+    levels: tuple[Level, ...]
+
+    @property
+    def size(self) -> int:
+        """N, the tree's nodes."""
+        return len(self.paths)
+
+    @property
+    def width(self) -> int:
+        """W = N + 1, the rows of a verify forward (the pending token first)."""
+        return len(self.paths) + 1
+
+    @classmethod
+    def of_rank_paths(cls, paths: Sequence[RankPath], device: torch.device | str = "cpu") -> StaticTree:
+        """The tree of `paths`, each path's parent listed before it (as `best_rank_paths` gives them)."""
+        index: dict[RankPath, int] = {}
+        parents: list[int] = []
+        for i, path in enumerate(paths):
+            if not path or (len(path) > 1 and path[:-1] not in index) or path in index:
+                raise ValueError(f"rank path {path} needs its parent listed before it, once; got {list(paths)}")
+            parents.append(index[path[:-1]] if len(path) > 1 else -1)
+            index[path] = i
+        tables = TreeTables.from_parents(parents, device)
+        depths = [len(p) for p in paths]
+        levels = []
+        for d in range(1, tables.max_depth + 1):
+            nodes = [i for i, x in enumerate(depths) if x == d]
+            levels.append(Level(
+                nodes=torch.tensor(nodes, dtype=torch.int64, device=device),
+                parent_rows=torch.tensor([parents[i] + 1 for i in nodes], dtype=torch.int64, device=device),
+                ranks=torch.tensor([paths[i][-1] for i in nodes], dtype=torch.int64, device=device),
+            ))
+        return cls(tuple(paths), tables, tuple(levels))
+
+    @classmethod
+    def chain(cls, length: int, device: torch.device | str = "cpu") -> StaticTree:
+        """A chain of `length` nodes (length 0: plain decoding)."""
+        return cls.of_rank_paths(chain(length), device)
