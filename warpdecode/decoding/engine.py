@@ -29,6 +29,9 @@ class Method:
     controller: Controller
     max_tree_nodes: int = 64
     """Cache headroom for one verify forward; proposals beyond it are refused."""
+    device_step: bool = False
+    """Run in the device-resident step (`decoding/device_step`) instead of `run`: greedy, fixed
+    controller, a drafter with a device form (`build_method` checks)."""
 
 
 @torch.inference_mode()

@@ -5,7 +5,7 @@ registry, and runs the one draft→verify loop in `engine.py` (plain decoding is
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
@@ -78,18 +78,38 @@ def build_method(
     options: dict[str, Any] | None = None,
     verifier_options: dict[str, Any] | None = None,
     controller_options: dict[str, Any] | None = None,
+    device_step: bool = False,
 ) -> Method:
     """Components of a decoding method. `verifier=None` picks the lossless one for the sampling mode:
-    greedy matching at temperature 0, speculative sampling when sampling."""
+    greedy matching at temperature 0, speculative sampling when sampling. `device_step` runs the method
+    in the device-resident step (`decoding/device_step`): greedy, with the greedy verifier and the
+    fixed controller, for a drafter with a device form."""
     verifier = verifier or ("speculative_sampling" if do_sample else "greedy")
     built = registry.build("verifier", verifier, **(verifier_options or {}))
     if built.needs_sampling and not do_sample:
         raise CapabilityError(f"verifier {verifier!r} needs sampling (--temperature > 0)")
-    return Method(
+    result = Method(
         drafter=registry.build("drafter", method, **(options or {})),
         verifier=built,
         controller=registry.build("controller", controller, **(controller_options or {})),
+        device_step=device_step,
     )
+    if device_step:
+        _check_device_step(result, do_sample)
+    return result
+
+
+def _check_device_step(method: Method, do_sample: bool) -> None:
+    """CapabilityError unless the device step can run `method` (`generate(device_step=True)` or `step=device`)."""
+    from warpdecode.decoding.controllers.fixed import FixedBudget
+    from warpdecode.decoding.verifiers.greedy_match import GreedyMatch
+
+    if method.drafter.device_drafter is None:
+        raise CapabilityError(f"drafter {method.drafter.name!r} has no device form for the device step")
+    if do_sample or not isinstance(method.verifier, GreedyMatch):
+        raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
+    if not isinstance(method.controller, FixedBudget):
+        raise CapabilityError("the device step drafts a static tree: it takes the fixed controller only")
 
 
 def generate(
@@ -141,17 +161,16 @@ def generate(
         streamer(stream.push(tokens))
 
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
-    if device_step:
+    if device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
-        from warpdecode.decoding.verifiers.greedy_match import GreedyMatch
 
-        if do_sample or sampler.penalties or not isinstance(built.verifier, GreedyMatch):
+        _check_device_step(built, do_sample)
+        controller = cast(FixedBudget, built.controller)
+        if sampler.penalties:
             raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
-        if not isinstance(built.controller, FixedBudget):
-            raise CapabilityError("the device step drafts a static tree: it takes the fixed controller only")
         new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
-                                        max_nodes=min(built.max_tree_nodes, built.controller.max_nodes),
+                                        max_nodes=min(built.max_tree_nodes, controller.max_nodes),
                                         on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,

@@ -7,6 +7,7 @@ Every command that names a method takes this form: `generate --method`, `--verif
     draft_model:layers=10:num_tokens=4       options are the component's constructor arguments
     prompt_lookup:controller=adaptive        `controller=` / `verifier=` pick those components
     int4_self:verifier=judge:verifier.path=DIR    `verifier.KEY=` / `controller.KEY=` set their options
+    token_recycling:step=device              run in the device-resident step (`decoding/device_step`)
     threshold:threshold=0.8:kv_cache=dual    on a diffusion LM: a commit policy and the decoder's options
 
 Values are read as int, float, `true`/`false`, `null`, or else kept as text (`model=models/draft`);
@@ -28,6 +29,10 @@ from warpdecode.errors import ConfigError
 COMPONENT_KEYS = ("controller", "verifier")
 """Spec keys that name the method's controller or verifier (with default options) instead of
 setting a drafter option: `prompt_lookup:controller=adaptive`."""
+STEP_KEY = "step"
+"""Spec key that picks where the method's steps run: `engine` (the default: the host loop of
+`decoding/engine.py`) or `device` (the device-resident step, for drafters with a device form)."""
+STEPS = ("engine", "device")
 SPEC_SYNTAX = "NAME[:KEY=VALUE...], e.g. draft_model:layers=10:num_tokens=4"
 
 OptionValue = int | float | bool | str | None
@@ -112,21 +117,32 @@ class MethodSpec:
                 if kind not in components:
                     raise ConfigError(f"method spec {self.label!r} sets {key!r} but names no {kind} ({kind}=NAME)")
                 component_options[kind][option] = value
-            elif key not in COMPONENT_KEYS:
+            elif key not in COMPONENT_KEYS and key != STEP_KEY:
                 drafter[key] = value
         return drafter, components, component_options
+
+    @property
+    def device_step(self) -> bool:
+        """Whether the spec asks for the device-resident step (`step=device`)."""
+        step = self.options.get(STEP_KEY, "engine")
+        if step not in STEPS:
+            raise ConfigError(f"method spec {self.label!r}: step must be one of {', '.join(STEPS)}, got {step!r}")
+        return step == "device"
 
     def build(self, *, do_sample: bool) -> Method:
         options, components, component_options = self._split()
         return build_method(self.name, do_sample=do_sample, options=options, **components,
                             verifier_options=component_options["verifier"],
-                            controller_options=component_options["controller"])
+                            controller_options=component_options["controller"], device_step=self.device_step)
 
     def validate(self, *, complete: bool = True) -> None:
         """Raise `ConfigError` for an unknown drafter, controller or verifier, unknown options or
         invalid option values. `complete=False` checks names and the options given without building,
         for a spec whose required options are supplied later (an inference package's drafter path)."""
         options, components, component_options = self._split()
+        if self.device_step and registry.get("drafter", self.name).device_drafter is None:
+            raise ConfigError(f"method spec {self.label!r}: {self.name} has no device form; step=device runs "
+                              f"{', '.join(device_step_drafters())}")
         checks: list[tuple[registry.Kind, Any, dict[str, Any]]] = [("drafter", self.name, options)]
         for kind, name in components.items():
             if not isinstance(name, str):
@@ -142,6 +158,11 @@ class MethodSpec:
                 raise ConfigError(f"{kind} {name!r} has no option(s) {unknown}; "
                                   f"options: {sorted(registry.options(cls)) or 'none'}")
             registry.check_options(kind, name, cls, given)
+
+
+def device_step_drafters() -> list[str]:
+    """The drafters with a device form (`Drafter.device_drafter`), which `step=device` can run."""
+    return [name for name in registry.names("drafter") if registry.get("drafter", name).device_drafter is not None]
 
 
 def parse_method(text: str) -> MethodSpec:

@@ -122,3 +122,48 @@ def test_methods_json_says_which_methods_have_it(capsys) -> None:
     methods(json_output=True)
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows if r["device_step"]} == {"prompt_lookup", "token_recycling"}
+
+
+def test_a_spec_with_step_device_runs_the_device_step(target) -> None:
+    """`NAME:step=device` (generate --method, bench --methods, the server's speculation field) builds a
+    method that `generate` runs in the device step: same tokens and accepted lengths as the engine."""
+    from warpdecode.decoding.specs import device_step_drafters, parse_method
+    from warpdecode.errors import ConfigError
+
+    assert set(METHODS) <= set(device_step_drafters())
+    for text in ("prompt_lookup:num_tokens=6", "token_recycling"):
+        spec = parse_method(f"{text}:step=device")
+        spec.validate()
+        built = spec.build(do_sample=False)
+        assert built.device_step and spec.label == f"{text}:step=device"
+        want = generate(target, None, PROMPTS[2], max_new_tokens=24, method=parse_method(text).build(do_sample=False))
+        out = generate(target, None, PROMPTS[2], max_new_tokens=24, method=built)
+        assert out.token_ids == want.token_ids and out.stats.accepted_per_step == want.stats.accepted_per_step
+    assert not parse_method("prompt_lookup:step=engine").build(do_sample=False).device_step
+    with pytest.raises(ConfigError, match="step must be one of engine, device"):
+        parse_method("prompt_lookup:step=gpu").validate()
+    with pytest.raises(ConfigError, match="lookahead has no device form; step=device runs .*prompt_lookup"):
+        parse_method("lookahead:step=device").validate()
+    with pytest.raises(CapabilityError, match="greedy"):
+        parse_method("prompt_lookup:step=device").build(do_sample=True)
+    with pytest.raises(CapabilityError, match="fixed controller"):
+        parse_method("prompt_lookup:step=device:controller=adaptive").build(do_sample=False)
+
+
+def test_bench_compares_the_device_step_with_the_engine(tiny_model_dir, tmp_path, single_thread) -> None:
+    """`bench --methods none,token_recycling,token_recycling:step=device`: the device row is identical to
+    plain greedy and accepts what the engine's row accepts, prompt by prompt."""
+    from warpdecode.cli import main
+
+    main(["bench", "--model", str(tiny_model_dir), "--methods", "none,token_recycling,token_recycling:step=device",
+          "--prompts", "gsm8k", "--limit", "3", "--max-new-tokens", "12", "--threads", "1", "--peers", "none",
+          "--warmup-tokens", "0", "--out", str(tmp_path / "run")])
+    data = json.loads((tmp_path / "run" / "results.json").read_text())
+    rows: dict[str, dict[str, dict]] = {}
+    for m in data["measurements"]:
+        rows.setdefault(m["row"], {})[m["prompt_id"]] = m
+    engine, device = rows["token_recycling"], rows["token_recycling:step=device"]
+    assert set(engine) == set(device) and len(engine) >= 1
+    for prompt, m in device.items():
+        assert m["token_ids"] == rows["none"][prompt]["token_ids"] == engine[prompt]["token_ids"]
+        assert (m["accepted"], m["target_forwards"]) == (engine[prompt]["accepted"], engine[prompt]["target_forwards"])
