@@ -55,6 +55,8 @@ COMMANDS: dict[str, tuple[Callable[..., Any], list[str], bool]] = {
     "prompts": (commands.prompts, ["prompts", "{out}/prompts.jsonl", "--max_prompts", "4"], False),
     "self_chat": (commands.self_chat, ["self_chat", "{out}/chat.jsonl", "--model", "{model}", "--num_prompts", "2",
                                        "--max_new_tokens", "4", "--batch_size", "2"], False),
+    # never run to the end: it serves until a signal (tests/serve runs it); only its refusals are fuzzed here
+    "serve": (commands.serve, ["serve", "--model", "{model}", "--port", "0", "--max_queue", "1"], False),
 }
 
 WRONG_TYPE: dict[type, tuple[str, ...]] = {int: ("abc", "1.5", ""), float: ("abc", "nan", "1e999x"), bool: ("maybe",),
@@ -101,6 +103,12 @@ def _without_flag(argv: list[str], flag: str) -> list[str]:
 
 
 SEMANTIC: list[tuple[str, list[str]]] = [
+    ("serve-port", ["serve", "--model", "{model}", "--port", "70000"]),
+    ("serve-max-queue-0", ["serve", "--model", "{model}", "--max_queue", "0"]),
+    ("serve-method", ["serve", "--model", "{model}", "--method", "bogus"]),
+    ("serve-method-list", ["serve", "--model", "{model}", "--method", "none,prompt_lookup"]),
+    ("serve-backend", ["serve", "--model", "{model}", "--backend", "bogus"]),
+    ("serve-threads-0", ["serve", "--model", "{model}", "--threads", "0"]),
     # values of the right type that are still wrong: each must be refused with one line
     ("generate-threads-0", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "0"]),
     ("generate-threads-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "-3"]),
