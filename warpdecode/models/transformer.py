@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
+from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
@@ -239,13 +240,21 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, std=std)
 
     def output_embeddings(self) -> Tensor:
+        """(V, C) the LM head's matrix; of a quantised copy, its int8 head dequantised (the head as it runs)."""
+        if self.lm_head is not None and isinstance(self.lm_head.quantized, Int8Weight):
+            return self.lm_head.quantized.dequantized()
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     checkpoint_fingerprint: str | None = None
-    """Set by `to_precision`: the fingerprint of the float32 weights this half-precision copy was cast from."""
+    """Set by `to_precision` and `models.quantized.quantized_target`: the fingerprint of the float32
+    weights this half-precision or quantised copy was made from."""
+    weight_bits: int | None = None
+    """Set on a weight-only quantised copy (`models.quantized`): the bits of its block weights; its
+    linear layers run their `quantized` weights and hold no dense ones."""
 
     def fingerprint(self) -> str:
-        if self.checkpoint_fingerprint is not None and self.embed.weight.dtype != torch.float32:
+        if self.checkpoint_fingerprint is not None and (self.embed.weight.dtype != torch.float32
+                                                        or self.weight_bits is not None):
             return self.checkpoint_fingerprint
         return model_fingerprint(self)
 
@@ -271,8 +280,10 @@ class Transformer(nn.Module):
     def pack_for_cpu_inference(self) -> int:
         """Give every linear layer and the LM head a oneDNN-packed weight copy (see
         `packed_linear`; q/k/v and gate/up are stacked into one matrix each); the number of packed
-        matrices, 0 off CPU or outside fp32. Idempotent:
+        matrices, 0 off CPU, outside fp32 or in a quantised copy (which has no dense weights). Idempotent:
         only missing or stale copies are made. Training and autograd keep using the dense weights."""
+        if self.weight_bits is not None:
+            return 0
         count = sum(cast(Block, block).pack() for block in self.blocks)
         if self.lm_head is not None:
             count += self.lm_head.pack()
