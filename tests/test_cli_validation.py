@@ -145,8 +145,13 @@ def test_generate_from_quantized_weights(tiny_model_dir, capsys, dtype):
     assert len(outputs["none"]) == 6 and outputs["prompt_lookup"] == outputs["none"]
 
 
+def test_native_dtype_needs_a_gguf(tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--dtype", "native"], capsys)
+    assert_one_line_error(code, err, "--dtype native reads a GGUF file or a named model")
+
+
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--dtype", "fp8"], "--dtype must be one of fp32, bf16, fp16, q8, q4, got 'fp8'"),
+    (["--dtype", "fp8"], "--dtype must be one of fp32, bf16, fp16, q8, q4, native, got 'fp8'"),
 ])
 def test_bad_dtype_is_one_line(extra, message, tiny_model_dir, capsys):
     code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", *extra], capsys)

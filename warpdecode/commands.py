@@ -114,7 +114,8 @@ def generate(
             step; outputs can differ from fp32 ones, so compare with plain decoding in the same
             precision), or q8 / q4: the target decodes from weight-only int8 / int4 weights (CPU; one
             copy of the weights; lossless methods reproduce plain decoding of the same quantised
-            target). A package runs in the precision it was exported in.
+            target), or native: a GGUF model's own quantised weights (Q4_1 blocks go into the int4
+            kernel as they are). A package runs in the precision it was exported in.
         prompt: the prompt text. An empty prompt is generated from when it still gives the model a
             token: the chat template's, or else the model's BOS token (refused when it has neither).
         max_new_tokens: largest number of tokens to generate.
@@ -626,7 +627,8 @@ def bench(
         warmup_tokens: tokens each method generates once before measuring (0: no warm-up).
         device: where --model runs on torch, and the transformers peers with it: cpu, or cuda (cuda:N).
         dtype: precision of --model and of the transformers peers: fp32, bf16 or fp16, or q8 / q4
-            (weight-only quantised weights; the transformers peers then run in fp32), or several,
+            (weight-only quantised weights) or native (a GGUF's own; the transformers peers then run
+            in fp32), or several,
             comma-separated, e.g. fp32,q8,q4: every method then runs on each, labelled METHOD@DTYPE
             after the first. `identical` compares with plain greedy in the row's own precision (where a
             row differs the table gives the earliest token position at which it does); with several,

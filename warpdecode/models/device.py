@@ -39,11 +39,18 @@ QUANTIZED: dict[str, Bits] = {"q8": 8, "q4": 4}
 output channel, int4 in groups of 32; the LM head in int8). The embeddings, norms, activations and
 KV cache stay float32. Like half precision, a quantised target is compared with plain greedy decoding
 of the same quantised target (docs/metrics.md)."""
+NATIVE = "native"
+"""`--dtype` name of a GGUF checkpoint's own quantised format (`models/importers/gguf_quantized.py`):
+its Q4_1 blocks go into the int4 kernel as they are; the bits are known once it is read."""
+
+
+def dtype_names() -> list[str]:
+    return [*DTYPES, *QUANTIZED, NATIVE]
 
 
 def _check(name: str) -> None:
-    if name not in DTYPES and name not in QUANTIZED:
-        raise ConfigError(f"--dtype must be one of {', '.join([*DTYPES, *QUANTIZED])}, got {name!r}")
+    if name not in dtype_names():
+        raise ConfigError(f"--dtype must be one of {', '.join(dtype_names())}, got {name!r}")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -54,6 +61,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def weight_bits(name: str) -> Bits | None:
-    """The bits of a quantised `--dtype` name (None for a float one; ConfigError for another name)."""
+    """The bits of a quantised `--dtype` name (None for a float one and for `native`; ConfigError for
+    another name)."""
     _check(name)
     return QUANTIZED.get(name)
