@@ -622,7 +622,9 @@ def bench(
         top_k: sample only among the k most likely tokens.
         top_p: nucleus sampling mass in (0, 1].
         seed: sampling seed of the first prompt (prompt i uses seed + i).
-        peers: auto (transformers rows when transformers is installed), transformers, or none.
+        peers: auto (transformers rows when transformers is installed, and llama.cpp's greedy decoding
+            of --model's GGUF file when llama-cpp-python is, a one-line note when not), transformers,
+            llama.cpp, or none.
         threads: CPU threads for torch (default: torch's choice); peers run on the same threads.
         warmup_tokens: tokens each method generates once before measuring (0: no warm-up).
         device: where --model runs on torch, and the transformers peers with it: cpu, or cuda (cuda:N).

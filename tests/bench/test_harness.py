@@ -287,3 +287,17 @@ def test_the_report_reads_results_without_the_harness():
     code = "import sys, warpdecode.bench.report; print('warpdecode.bench.harness' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_llama_cpp_peer_is_a_one_line_note_when_not_installed(monkeypatch):
+    import sys
+
+    from tiny_models import greedy_target
+
+    from warpdecode.bench.harness import _llama_cpp_row
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
+    built, skipped = _llama_cpp_row(BenchConfig(model="model.gguf", peers="auto"), greedy_target(), None)
+    assert built == {} and "llama-cpp-python is not installed" in skipped["llama.cpp"]
+    assert "\n" not in skipped["llama.cpp"]
+    assert _llama_cpp_row(BenchConfig(model="a/directory", peers="auto"), greedy_target(), None) == ({}, {})

@@ -32,17 +32,18 @@ from warpdecode.bench.results import (
 from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method
-from warpdecode.decoding.generate import encode_prompt, generate
+from warpdecode.decoding.generate import encode_prompt, generate, stop_token_ids
 from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.device import torch_device, torch_dtype
+from warpdecode.models.named import NAMED_MODELS, named_model_gguf
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.load import TORCH, load_backbones, open_package, parse_backends, parse_dtypes
 from warpdecode.runtime.package import LOSSY_BACKENDS, InferencePackage
 
-PEERS = ("auto", "transformers", "none")
+PEERS = ("auto", "transformers", "llama.cpp", "none")
 
 
 def row_label(spec: MethodSpec, backend: str, dtype: str | None = None) -> str:
@@ -58,7 +59,7 @@ def _backbone_key(row: RowInfo, reference: str) -> str:
 
 def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """Transformers rows: greedy, then its version of each listed method that has one."""
-    if config.peers == "none":
+    if config.peers in ("none", peer_lib.LlamaCppGenerate.name):
         return {}, {}
     dtype = torch_dtype(parse_dtypes(config.dtype, False)[0])
     try:
@@ -173,11 +174,35 @@ def _method_rows(specs: list[MethodSpec], backends: list[str], dtypes: list[str]
     return rows, built, unsupported
 
 
+def _llama_cpp_row(config: BenchConfig, backbone: Backbone, tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
+    """llama.cpp's greedy decoding of --model's GGUF file (a named model's or a .gguf path), with `--peers auto`
+    (a one-line note when llama-cpp-python is not installed) or `--peers llama.cpp`."""
+    name = peer_lib.LlamaCppGenerate.name
+    if config.peers not in ("auto", name) or config.temperature > 0:
+        return {}, {}
+    if config.model in NAMED_MODELS:
+        gguf = named_model_gguf(config.model)
+    elif config.model.endswith(".gguf"):
+        gguf = Path(config.model)
+    else:
+        return {}, {} if config.peers == "auto" else {name: "--model is not a GGUF file"}
+    try:
+        llama = peer_lib.LlamaCppGenerate(gguf, threads=config.threads or torch.get_num_threads(),
+                                          context=backbone.config.max_seq_len,
+                                          stop_ids=stop_token_ids(backbone, tokenizer))
+    except CapabilityError as e:
+        return {}, {name: str(e)}
+    return {name: llama}, {}
+
+
 def _peers(config: BenchConfig, specs: list[MethodSpec], package: InferencePackage | None,
            backbones: dict[str, Backbone], tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
-    """`_peer_rows` on the model's checkpoint; for a package, on its weights written to a temporary one."""
+    """`_peer_rows` on the model's checkpoint; for a package, on its weights written to a temporary one;
+    and llama.cpp on the model's GGUF file."""
     if package is None:
-        return _peer_rows(config, specs, resolve(config.model))
+        built, skipped = _peer_rows(config, specs, resolve(config.model))
+        llama, llama_skipped = _llama_cpp_row(config, backbones[TORCH], tokenizer)
+        return built | llama, skipped | llama_skipped
     with tempfile.TemporaryDirectory(prefix="warpdecode-peer-") as tmp:
         if config.peers != "none":
             save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
@@ -301,8 +326,8 @@ def run_bench(
     encoded, too_long = _encoded(chosen, tokenizer, backbones[TORCH].config.max_seq_len, config.max_new_tokens)
     rows, built_methods, unsupported = _method_rows(specs, backends, dtypes, backbones, sampling)
     peer_models, skipped_peers = _peers(config, specs, package, backbones, tokenizer)
-    rows += [RowInfo(label=label, kind="transformers", lossless=True, settings=peer_lib.describe(p.generate_kwargs))
-             for label, p in peer_models.items()]
+    rows += [RowInfo(label=label, kind="llama.cpp" if isinstance(p, peer_lib.LlamaCppGenerate) else "transformers",
+                     lossless=True, settings=peer_lib.describe(p.generate_kwargs)) for label, p in peer_models.items()]
     runner = _Runner(config=config, backbones=backbones, tokenizer=tokenizer, methods=built_methods, peers=peer_models,
                      dtypes=dtypes)
     measurements = _measured(runner, rows, encoded, progress)

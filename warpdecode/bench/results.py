@@ -67,7 +67,7 @@ class BenchConfig:
 @dataclass
 class RowInfo:
     label: str
-    kind: Literal["warpdecode", "transformers"]
+    kind: Literal["warpdecode", "transformers", "llama.cpp"]
     lossless: bool
     """Output must equal plain greedy at temperature 0 (every drafter with its default verifier, on
     a full-precision backend)."""
