@@ -56,7 +56,8 @@ class Int8Weight:
         """Quantise an `(out, in)` float weight."""
         w = weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # (out,)
-        q = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        # in place: one float temporary of the weight's size (an LM head's is 113 MB in the default model)
+        q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         q = F.pad(q, (0, -q.shape[1] % INT8_K_MULTIPLE))  # (out, in rounded up to a multiple of 16)
         b = None if bias is None else bias.detach().to(ACTIVATION_DTYPE)
         return cls(q.contiguous(), scales.to(ACTIVATION_DTYPE), b, weight.shape[1])

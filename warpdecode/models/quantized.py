@@ -104,4 +104,10 @@ def quantized_target(model: Transformer, bits: Bits) -> Transformer:
     fingerprint = model.fingerprint()
     target = quantized_copy(model, bits)
     target.checkpoint_fingerprint = fingerprint
+    # The float tensors it keeps (embeddings, norms, biases) are copied off `model`'s storage: a checkpoint
+    # loaded from safetensors maps the whole file, and each kept tensor would keep that mapping resident.
+    for module in target.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.numel() and not param.is_meta:
+                setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=False))
     return target
