@@ -143,3 +143,23 @@ def test_copies_of_a_quantized_model():
     assert quantized_copy(q4, 4) is q4
     with pytest.raises(CapabilityError, match="more weight bytes"):
         quantized_copy(q4, 8)
+
+
+@needs_int4
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_target_verifies_rows_exactly_as_one_token_steps(bits):
+    """Row-by-row attention: the logits of a 5-row forward after a 150-token prefix equal, bit for bit, those
+    of five one-token steps (a verify forward computes what plain decoding would)."""
+    model = tiny()
+    model.config.max_seq_len = 256
+    target = quantized_target(model, bits)
+    assert all(block.attn.row_by_row for block in target.blocks)
+    torch.manual_seed(1)
+    ids = torch.randint(0, 50, (1, 155))
+    with torch.inference_mode():
+        cache = KVCache.for_model(target.config, 1, 200)
+        target(ids[:, :150], cache=cache)
+        steps = torch.cat([target(ids[:, 150 + i : 151 + i], cache=cache).logits for i in range(5)], 1)
+        cache = KVCache.for_model(target.config, 1, 200)
+        target(ids[:, :150], cache=cache)
+        assert torch.equal(target(ids[:, 150:], cache=cache).logits, steps)

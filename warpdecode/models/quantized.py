@@ -102,7 +102,7 @@ def quantized_target(model: Transformer, bits: Bits) -> Transformer:
     of the quantised target). The caller drops `model`, which frees its dense linear weights: one copy of
     each weight stays."""
     fingerprint = model.fingerprint()
-    target = quantized_copy(model, bits)
+    target = exact_rows(quantized_copy(model, bits))
     target.checkpoint_fingerprint = fingerprint
     # The float tensors it keeps (embeddings, norms, biases) are copied off `model`'s storage: a checkpoint
     # loaded from safetensors maps the whole file, and each kept tensor would keep that mapping resident.
@@ -110,4 +110,14 @@ def quantized_target(model: Transformer, bits: Bits) -> Transformer:
         for name, param in list(module.named_parameters(recurse=False)):
             if param.numel() and not param.is_meta:
                 setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=False))
+    return target
+
+
+def exact_rows(target: Transformer) -> Transformer:
+    """`target` with row-by-row attention in its decode and verify steps (`Attention.row_by_row`): a
+    quantised target then computes a verified row exactly as a one-token step, so lossless methods
+    reproduce its plain greedy decoding token for token."""
+    for module in target.modules():
+        if isinstance(module, Attention):
+            module.row_by_row = True
     return target

@@ -24,6 +24,7 @@ from warpdecode.errors import CapabilityError, CheckpointError, ConfigError
 from warpdecode.kernels.packed_linear import FusedLinear, Linear
 from warpdecode.kernels.quantized import INT4_GROUP, Int4Weight, Int8Weight
 from warpdecode.models.config import ModelConfig
+from warpdecode.models.quantized import exact_rows
 from warpdecode.models.transformer import Block, Transformer, rope_inv_freq
 
 NATIVE_ARCHITECTURES = ("llama", "qwen2")
@@ -45,7 +46,7 @@ def q4_1_groups(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
     Args:
         raw: (out, in / 32 * 20) uint8, the tensor's bytes row by row.
     """
-    blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(raw.shape[0], -1, Q4_1_BLOCK_BYTES)  # (out, G, 20)
+    blocks = torch.from_numpy(np.array(raw, copy=True)).view(raw.shape[0], -1, Q4_1_BLOCK_BYTES)  # (out, G, 20)
     d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()  # (out, G)
     m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()  # (out, G)
     packed = blocks[..., 4:].to(torch.int32)  # (out, G, 16)
@@ -163,4 +164,4 @@ def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
     if missing:
         raise CheckpointError(f"{path}: no weights for {missing[:5]}")
     model.weight_bits = max(bits)
-    return model.eval()
+    return exact_rows(model).eval()
