@@ -127,8 +127,31 @@ def test_generate_in_half_precision(tiny_model_dir, capsys):
     assert len(outputs["bf16"]) == 6 and outputs["bf16"] == outputs["fp32"]
 
 
+@pytest.mark.parametrize("dtype", ["q8", "q4"])
+def test_generate_from_quantized_weights(tiny_model_dir, capsys, dtype):
+    """--dtype q8|q4 decodes from the weight-only quantised copy alone (no dense linear weights), keeping the
+    checkpoint's fingerprint; prompt lookup on it reproduces its plain decoding."""
+    from warpdecode.commands import _load_target
+
+    fp32, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, "fp32")
+    target, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, dtype)
+    assert target.weight_bits == int(dtype[1:]) and target.fingerprint() == fp32.fingerprint()
+    assert target.blocks[0].mlp.down_proj.weight.numel() == 0
+    outputs = {}
+    for method in ("none", "prompt_lookup"):
+        main(["generate", "--model", str(tiny_model_dir), "--prompt", "for i in", "--max-new-tokens", "6",
+              "--dtype", dtype, "--method", method, "--json"])
+        outputs[method] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert len(outputs["none"]) == 6 and outputs["prompt_lookup"] == outputs["none"]
+
+
+def test_native_dtype_needs_a_gguf(tiny_model_dir, capsys):
+    code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--dtype", "native"], capsys)
+    assert_one_line_error(code, err, "--dtype native reads a GGUF file or a named model")
+
+
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--dtype", "fp8"], "--dtype must be one of fp32, bf16, fp16, got 'fp8'"),
+    (["--dtype", "fp8"], "--dtype must be one of fp32, bf16, fp16, q8, q4, native, got 'fp8'"),
 ])
 def test_bad_dtype_is_one_line(extra, message, tiny_model_dir, capsys):
     code, _, err = run(["generate", "--model", str(tiny_model_dir), "--prompt", "x", *extra], capsys)

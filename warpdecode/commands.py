@@ -112,7 +112,10 @@ def generate(
         dtype: precision of --model's weights, activations and KV cache: fp32 (the exactness
             oracle), bf16 or fp16 (for GPUs: a verify step then costs little more than a one-token
             step; outputs can differ from fp32 ones, so compare with plain decoding in the same
-            precision). A package runs in the precision it was exported in.
+            precision), or q8 / q4: the target decodes from weight-only int8 / int4 weights (CPU; one
+            copy of the weights; lossless methods reproduce plain decoding of the same quantised
+            target), or native: a GGUF model's own quantised weights (Q4_1 blocks go into the int4
+            kernel as they are). A package runs in the precision it was exported in.
         prompt: the prompt text. An empty prompt is generated from when it still gives the model a
             token: the chat template's, or else the model's BOS token (refused when it has neither).
         max_new_tokens: largest number of tokens to generate.
@@ -620,13 +623,19 @@ def bench(
         top_k: sample only among the k most likely tokens.
         top_p: nucleus sampling mass in (0, 1].
         seed: sampling seed of the first prompt (prompt i uses seed + i).
-        peers: auto (transformers rows when transformers is installed), transformers, or none.
+        peers: auto (transformers rows when transformers is installed, and llama.cpp's greedy decoding
+            of --model's GGUF file when llama-cpp-python is, a one-line note when not), transformers,
+            llama.cpp, or none.
         threads: CPU threads for torch (default: torch's choice); peers run on the same threads.
         warmup_tokens: tokens each method generates once before measuring (0: no warm-up).
         device: where --model runs on torch, and the transformers peers with it: cpu, or cuda (cuda:N).
-        dtype: precision of --model and of the transformers peers: fp32, bf16 or fp16. In half
-            precision `identical` compares with plain greedy in the same precision, and where a row
-            differs the table gives the earliest token position at which it does.
+        dtype: precision of --model and of the transformers peers: fp32, bf16 or fp16, or q8 / q4
+            (weight-only quantised weights) or native (a GGUF's own; the transformers peers then run
+            in fp32), or several,
+            comma-separated, e.g. fp32,q8,q4: every method then runs on each, labelled METHOD@DTYPE
+            after the first. `identical` compares with plain greedy in the row's own precision (where a
+            row differs the table gives the earliest token position at which it does); with several,
+            `vs ref` compares with plain greedy in the first (the reference).
         out: output directory.
     """
     from warpdecode.bench.harness import run_bench
@@ -634,11 +643,11 @@ def bench(
     from warpdecode.bench.results import BenchConfig
     from warpdecode.errors import CapabilityError, ConfigError
     from warpdecode.models.checkpoint import read_config
-    from warpdecode.runtime.load import precision_for
+    from warpdecode.runtime.load import parse_dtypes
 
     _check_threads(threads)
     _check_output_directory(out, "--out")
-    precision_for(dtype, package is not None)
+    parse_dtypes(dtype, package is not None)
     if package is None and not read_config(model).causal:
         if dtype != "fp32":
             raise CapabilityError("--dtype: the diffusion-LM bench runs in fp32")
@@ -702,7 +711,7 @@ def serve(
         package: an inference package (`warpdecode export`) to serve instead of --model.
         backend: the backend to run on (see `warpdecode generate --help`).
         device: cpu, or cuda (a CUDA device such as cuda:1).
-        dtype: precision of --model's weights: fp32, bf16 or fp16.
+        dtype: precision of --model's weights: fp32, bf16 or fp16, or q8 / q4 (weight-only quantised).
         method: the default decoding method NAME[:KEY=VALUE...] (as `generate --method`); none = plain
             decoding (the default, or the method a package was exported with).
         host: address to listen on (127.0.0.1: this machine only).

@@ -241,6 +241,34 @@ def test_half_precision_bench_runs_the_model_and_peers_in_that_precision(tiny_mo
     assert len(peer.token_ids) == 6
 
 
+def test_several_precisions_run_interleaved_against_their_own_plain_decoding(tiny_model_dir):
+    """--dtype fp32,q8,q4: every method runs in each precision (METHOD@q4); `identical` compares with plain
+    decoding of the same quantised target, `vs ref` with fp32's; int4_self on the int4 target needs layers=."""
+    prompts = [BenchPrompt("a", "x", "for i in range(10): for i in", False)]
+    config = BenchConfig(model=str(tiny_model_dir), max_new_tokens=6, peers="none", warmup_tokens=0, dtype="fp32,q8,q4")
+    result = run_bench(config, methods="prompt_lookup,int4_self", prompts=prompts, progress=False)
+    labels = [r.label for r in result.rows]
+    assert labels == ["none", "prompt_lookup", "int4_self", "none@q8", "prompt_lookup@q8", "int4_self@q8",
+                      "none@q4", "prompt_lookup@q4"]
+    assert "layers=N" in result.skipped_rows["int4_self@q4"]
+    assert "--dtype fp32,q8,q4" in config.command()
+    for label in labels:
+        assert result.aggregate(label).identical == 1, label
+        assert result.aggregate(label).reference_identical is not None
+    assert result.aggregate("prompt_lookup@q4").reference_identical == result.aggregate("none@q4").reference_identical
+    assert result.aggregate("none").reference_identical == 1
+    table = overall_table(result)
+    assert "vs ref" in table.splitlines()[0] and table.count("|") == 13 * (len(labels) + 2) + len(labels) + 2
+
+
+def test_several_precisions_need_the_torch_backend(tmp_path):
+    from warpdecode.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="torch backend only"):
+        run_bench(BenchConfig(model=str(tmp_path), dtype="fp32,q4", backends="cudagraphs", peers="none"),
+                  methods="none", progress=False)
+
+
 def test_the_identity_cell_names_the_earliest_difference():
     from warpdecode.bench.report import identical_cell
     from warpdecode.bench.results import Aggregate
@@ -259,3 +287,17 @@ def test_the_report_reads_results_without_the_harness():
     code = "import sys, warpdecode.bench.report; print('warpdecode.bench.harness' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_llama_cpp_peer_is_a_one_line_note_when_not_installed(monkeypatch):
+    import sys
+
+    from tiny_models import greedy_target
+
+    from warpdecode.bench.harness import _llama_cpp_row
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
+    built, skipped = _llama_cpp_row(BenchConfig(model="model.gguf", peers="auto"), greedy_target(), None)
+    assert built == {} and "llama-cpp-python is not installed" in skipped["llama.cpp"]
+    assert "\n" not in skipped["llama.cpp"]
+    assert _llama_cpp_row(BenchConfig(model="a/directory", peers="auto"), greedy_target(), None) == ({}, {})

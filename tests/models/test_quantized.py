@@ -7,7 +7,7 @@ from warpdecode.errors import CapabilityError
 from warpdecode.kernels.quantized import Int4Weight, Int8Weight, quantized_available
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.quantized import quantized_copy
+from warpdecode.models.quantized import quantized_copy, quantized_target
 from warpdecode.models.transformer import Transformer
 
 needs_int8 = pytest.mark.skipif(not quantized_available(8), reason="no CPU int8 weight-only matmul in this torch build")
@@ -95,3 +95,71 @@ def test_quantized_copy_rejects_unsupported_bits():
     model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, d_ff=64, max_seq_len=32))
     with pytest.raises(CapabilityError, match="bits=4 or bits=8"):
         quantized_copy(model, 3)  # type: ignore[arg-type]
+
+
+def tiny(tied: bool = True, mlp: str = "swiglu") -> Transformer:
+    config = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
+                         tie_embeddings=tied, mlp=mlp)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    model.init_weights()
+    return model
+
+
+@needs_int4
+@pytest.mark.parametrize("mlp", ["swiglu", "gelu_tanh"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_target_holds_one_copy_of_each_weight(bits, mlp):
+    """A `--dtype q8|q4` target keeps only its quantised weights (a fused group's layers hold none of
+    their own), runs without packing, and answers with the checkpoint's fingerprint."""
+    model = tiny(mlp=mlp)
+    fingerprint = model.fingerprint()
+    target = quantized_target(model, bits)
+    assert target.weight_bits == bits and target.fingerprint() == fingerprint
+    attn, mlp_module = target.blocks[0].attn, target.blocks[0].mlp
+    assert all(p.numel() == 0 for name, p in target.named_parameters() if name.endswith("proj.weight"))
+    assert attn.q_proj.quantized is None and attn.o_proj.quantized is not None
+    if mlp == "gelu_tanh":  # the up projection runs directly: it shares its one-layer group's weight
+        assert mlp_module.up_proj.quantized is mlp_module.gate_up.quantized
+    assert target.pack_for_cpu_inference() == 0
+    tokens = torch.randint(0, 50, (1, 12))
+    with torch.inference_mode():
+        ref, got = model(tokens).logits, target(tokens).logits
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.7
+    torch.testing.assert_close(target.output_embeddings(), target.lm_head.quantized.dequantized())
+
+
+@needs_int4
+def test_copies_of_a_quantized_model():
+    """The int4 copy of an int8 model re-quantises its int8 weights; a copy at the model's own bits is the
+    model itself; an int8 copy of an int4 model is refused."""
+    model = tiny(tied=False)
+    q8 = quantized_target(model, 8)
+    q4 = quantized_copy(q8, 4)
+    assert isinstance(q4.blocks[1].attn.qkv.quantized, Int4Weight)
+    assert q4.lm_head.quantized is q8.lm_head.quantized  # the int8 head is shared
+    direct = Int4Weight.of(q8.blocks[1].mlp.down_proj.quantized.dequantized())
+    assert torch.equal(q4.blocks[1].mlp.down_proj.quantized.packed, direct.packed)
+    assert quantized_copy(q4, 4) is q4
+    with pytest.raises(CapabilityError, match="more weight bytes"):
+        quantized_copy(q4, 8)
+
+
+@needs_int4
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_target_verifies_rows_exactly_as_one_token_steps(bits):
+    """Row-by-row attention: the logits of a 5-row forward after a 150-token prefix equal, bit for bit, those
+    of five one-token steps (a verify forward computes what plain decoding would)."""
+    model = tiny()
+    model.config.max_seq_len = 256
+    target = quantized_target(model, bits)
+    assert all(block.attn.row_by_row for block in target.blocks)
+    torch.manual_seed(1)
+    ids = torch.randint(0, 50, (1, 155))
+    with torch.inference_mode():
+        cache = KVCache.for_model(target.config, 1, 200)
+        target(ids[:, :150], cache=cache)
+        steps = torch.cat([target(ids[:, 150 + i : 151 + i], cache=cache).logits for i in range(5)], 1)
+        cache = KVCache.for_model(target.config, 1, 200)
+        target(ids[:, :150], cache=cache)
+        assert torch.equal(target(ids[:, 150:], cache=cache).logits, steps)

@@ -32,29 +32,36 @@ from warpdecode.bench.results import (
 from warpdecode.bench.specs import BASELINE, MethodSpec, parse_methods
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method
-from warpdecode.decoding.generate import encode_prompt, generate
+from warpdecode.decoding.generate import encode_prompt, generate, stop_token_ids
 from warpdecode.decoding.protocols import ResolvesSettings
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.device import torch_device, torch_dtype
+from warpdecode.models.named import NAMED_MODELS, named_model_gguf
 from warpdecode.models.tokenizer import Tokenizer
-from warpdecode.runtime.load import TORCH, load_backbones, open_package, parse_backends
+from warpdecode.runtime.load import TORCH, load_backbones, open_package, parse_backends, parse_dtypes
 from warpdecode.runtime.package import LOSSY_BACKENDS, InferencePackage
 
-PEERS = ("auto", "transformers", "none")
+PEERS = ("auto", "transformers", "llama.cpp", "none")
 
 
-def row_label(spec: MethodSpec, backend: str) -> str:
-    """`prompt_lookup` on torch, `prompt_lookup@onnxruntime` on another backend."""
-    return spec.label if backend == TORCH else f"{spec.label}@{backend}"
+def row_label(spec: MethodSpec, backend: str, dtype: str | None = None) -> str:
+    """`prompt_lookup` on torch, `prompt_lookup@onnxruntime` on another backend, `prompt_lookup@q4` in a
+    precision `dtype` other than the run's reference."""
+    return spec.label + ("" if backend == TORCH else f"@{backend}") + ("" if dtype is None else f"@{dtype}")
+
+
+def _backbone_key(row: RowInfo, reference: str) -> str:
+    """Where `_loaded` keeps the row's backbone: its backend in the reference precision, else its precision."""
+    return row.backend if row.dtype == reference else row.dtype
 
 
 def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """Transformers rows: greedy, then its version of each listed method that has one."""
-    if config.peers == "none":
+    if config.peers in ("none", peer_lib.LlamaCppGenerate.name):
         return {}, {}
-    dtype = torch_dtype(config.dtype)
+    dtype = torch_dtype(parse_dtypes(config.dtype, False)[0])
     try:
         base = peer_lib.TransformersGenerate(model_dir, device=config.device, dtype=dtype)
     except CapabilityError as e:
@@ -79,10 +86,14 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
 
 
 def _checked(config: BenchConfig,
-             methods: str | list[Any] | None) -> tuple[list[str], InferencePackage | None, list[MethodSpec]]:
-    """The backends, the verified package and the method specs of `config` (whose `methods` become the
-    specs' labels); `ConfigError` for a setting that cannot run, before any model is loaded."""
+             methods: str | list[Any] | None) -> tuple[list[str], list[str], InferencePackage | None, list[MethodSpec]]:
+    """The backends, the precisions (reference first), the verified package and the method specs of
+    `config` (whose `methods` become the specs' labels); `ConfigError` for a setting that cannot run,
+    before any model is loaded."""
     backends = parse_backends(config.backends)
+    dtypes = parse_dtypes(config.dtype, config.package is not None)
+    if len(dtypes) > 1 and backends != [TORCH]:
+        raise ConfigError(f"several --dtype values ({config.dtype}) run on the torch backend only, not {config.backends}")
     if config.package and config.device != "cpu":
         raise ConfigError("bench --package runs on the CPU; --device cuda benchmarks --model on torch")
     package = open_package(config.package)
@@ -97,15 +108,18 @@ def _checked(config: BenchConfig,
     if config.temperature < 0 or config.max_new_tokens < 1 or config.warmup_tokens < 0:
         raise ConfigError(f"need --temperature >= 0, --max-new-tokens >= 1, --warmup-tokens >= 0; got "
                           f"{config.temperature}, {config.max_new_tokens}, {config.warmup_tokens}")
-    return backends, package, specs
+    return backends, dtypes, package, specs
 
 
-def _loaded(config: BenchConfig, package: InferencePackage | None,
-            backends: list[str]) -> tuple[dict[str, Backbone], Tokenizer]:
-    """The model (or package) on torch and on each of `backends`, and its tokenizer."""
+def _loaded(config: BenchConfig, package: InferencePackage | None, backends: list[str],
+            dtypes: list[str]) -> tuple[dict[str, Backbone], Tokenizer]:
+    """The model (or package) on torch and on each of `backends` in the reference precision `dtypes[0]`,
+    keyed by backend, and on torch in each other precision, keyed by it; and its tokenizer."""
     backbones, tokenizer = load_backbones(config.model if package is None else None, package,
                                           list(dict.fromkeys([TORCH, *backends])), device=config.device,
-                                          dtype=config.dtype, threads=config.threads)
+                                          dtype=dtypes[0], threads=config.threads)
+    for dtype in dtypes[1:]:
+        backbones[dtype] = load_backbones(config.model, None, [TORCH], device=config.device, dtype=dtype)[0][TORCH]
     if tokenizer is None:
         raise ConfigError("bench needs a tokenizer; the package was exported without one")
     return backbones, tokenizer
@@ -129,37 +143,66 @@ def _encoded(prompts: list[BenchPrompt], tokenizer: Tokenizer, context: int, max
     return encoded, too_long
 
 
-def _method_rows(specs: list[MethodSpec], backends: list[str], backbones: dict[str, Backbone],
+def _method_rows(specs: list[MethodSpec], backends: list[str], dtypes: list[str], backbones: dict[str, Backbone],
                  sampling: bool) -> tuple[list[RowInfo], dict[str, Method], dict[str, str]]:
     """A row for each method on each backend (torch runs the baseline even when only other backends
-    were asked for), with its method prepared for its backend outside any timed decode; and the rows
-    whose method cannot run on their backend (`CapabilityError`, e.g. PPD's input embeddings on an
-    ONNX Runtime graph) with the reason. The baseline must run."""
+    were asked for) and on torch in each other precision, with its method prepared for its backbone
+    outside any timed decode; and the rows whose method cannot run there (`CapabilityError`, e.g. PPD's
+    input embeddings on an ONNX Runtime graph, int4_self on an int4 target without layers=) with the
+    reason. The baselines must run."""
     rows: list[RowInfo] = []
     built: dict[str, Method] = {}
     unsupported: dict[str, str] = {}
-    runs = [(s, b) for b in dict.fromkeys([TORCH] + backends) for s in specs if b in backends or s.label == BASELINE]
-    for spec, backend in runs:
-        label, method = row_label(spec, backend), spec.build(do_sample=sampling)
+    reference = dtypes[0]
+    runs = [(s, b, reference) for b in dict.fromkeys([TORCH] + backends) for s in specs
+            if b in backends or s.label == BASELINE]
+    runs += [(s, TORCH, d) for d in dtypes[1:] for s in specs]
+    for spec, backend, dtype in runs:
+        label = row_label(spec, backend, None if dtype == reference else dtype)
+        row = RowInfo(label=label, kind="warpdecode", lossless=False, settings=spec.options, backend=backend, dtype=dtype)
+        method, backbone = spec.build(do_sample=sampling), backbones[_backbone_key(row, reference)]
         try:
-            method.drafter.prepare(backbones[backend])
-            method.verifier.prepare(backbones[backend])
+            method.drafter.prepare(backbone)
+            method.verifier.prepare(backbone)
         except CapabilityError as e:
             if spec.label == BASELINE:
                 raise
             unsupported[label] = f"{type(e).__name__}: {e}"
             continue
         built[label] = method
-        rows.append(RowInfo(label=label, kind="warpdecode", lossless=method.verifier.lossless and backend not in LOSSY_BACKENDS,
-                            settings=spec.options, backend=backend))
+        rows.append(replace(row, lossless=method.verifier.lossless and backend not in LOSSY_BACKENDS))
     return rows, built, unsupported
+
+
+def _llama_cpp_row(config: BenchConfig, backbone: Backbone, tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
+    """llama.cpp's greedy decoding of --model's GGUF file (a named model's or a .gguf path), with `--peers auto`
+    (a one-line note when llama-cpp-python is not installed) or `--peers llama.cpp`."""
+    name = peer_lib.LlamaCppGenerate.name
+    if config.peers not in ("auto", name) or config.temperature > 0:
+        return {}, {}
+    if config.model in NAMED_MODELS:
+        gguf = named_model_gguf(config.model)
+    elif config.model.endswith(".gguf"):
+        gguf = Path(config.model)
+    else:
+        return {}, {} if config.peers == "auto" else {name: "--model is not a GGUF file"}
+    try:
+        llama = peer_lib.LlamaCppGenerate(gguf, threads=config.threads or torch.get_num_threads(),
+                                          context=backbone.config.max_seq_len,
+                                          stop_ids=stop_token_ids(backbone, tokenizer))
+    except CapabilityError as e:
+        return {}, {name: str(e)}
+    return {name: llama}, {}
 
 
 def _peers(config: BenchConfig, specs: list[MethodSpec], package: InferencePackage | None,
            backbones: dict[str, Backbone], tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
-    """`_peer_rows` on the model's checkpoint; for a package, on its weights written to a temporary one."""
+    """`_peer_rows` on the model's checkpoint; for a package, on its weights written to a temporary one;
+    and llama.cpp on the model's GGUF file."""
     if package is None:
-        return _peer_rows(config, specs, resolve(config.model))
+        built, skipped = _peer_rows(config, specs, resolve(config.model))
+        llama, llama_skipped = _llama_cpp_row(config, backbones[TORCH], tokenizer)
+        return built | llama, skipped | llama_skipped
     with tempfile.TemporaryDirectory(prefix="warpdecode-peer-") as tmp:
         if config.peers != "none":
             save_pretrained(backbones[TORCH].torch_model(), tokenizer, tmp)
@@ -173,9 +216,12 @@ class _Runner:
 
     config: BenchConfig
     backbones: dict[str, Backbone]
+    """Keyed by `_backbone_key`."""
     tokenizer: Tokenizer
     methods: dict[str, Method]
     peers: dict[str, Any]
+    dtypes: list[str]
+    """The run's precisions, the reference first."""
 
     @property
     def sampling(self) -> bool:
@@ -189,7 +235,8 @@ class _Runner:
 
     def _decode(self, row: RowInfo, ids: list[int], max_new_tokens: int, seed: int) -> Measurement:
         c = self.config
-        out = generate(self.backbones[row.backend], self.tokenizer, ids, max_new_tokens=max_new_tokens,
+        backbone = self.backbones[_backbone_key(row, self.dtypes[0])]
+        out = generate(backbone, self.tokenizer, ids, max_new_tokens=max_new_tokens,
                        do_sample=self.sampling, seed=seed, temperature=c.temperature if self.sampling else 1.0,
                        top_k=c.top_k, top_p=c.top_p, method=self.methods[row.label])
         s = out.stats
@@ -224,15 +271,28 @@ def _measured(runner: _Runner, rows: list[RowInfo], encoded: Encoded, progress: 
                 bar.set_postfix_str(f"{prompt.id} {row.label}", refresh=False)
                 done[row.label] = runner.measure(row, ids, config.max_new_tokens, config.seed + i)
                 bar.update()
-            measurements += [_compared(done[row.label], prompt, done[BASELINE], runner.sampling) for row in rows]
+            reference = done[BASELINE] if len(runner.dtypes) > 1 else None
+            measurements += [_compared(done[row.label], prompt, done[_baseline_of(row, runner.dtypes[0])], reference,
+                                       runner.sampling) for row in rows]
     return measurements
 
 
-def _compared(m: Measurement, prompt: BenchPrompt, baseline: Measurement, sampling: bool) -> Measurement:
-    """`m` on `prompt`, compared with the baseline's tokens on it (no comparison when sampling)."""
-    return replace(m, prompt_id=prompt.id, category=prompt.category,
-                   identical=None if sampling else m.token_ids == baseline.token_ids,
-                   first_difference=None if sampling else first_difference(m.token_ids, baseline.token_ids))
+def _baseline_of(row: RowInfo, reference: str) -> str:
+    """The plain-greedy row `row` is compared with: `none` in the row's own precision (`none` for the
+    reference precision, its backends and the peers)."""
+    return BASELINE if row.kind != "warpdecode" or row.dtype == reference else row_label(MethodSpec(BASELINE), TORCH, row.dtype)
+
+
+def _compared(m: Measurement, prompt: BenchPrompt, baseline: Measurement, reference: Measurement | None,
+              sampling: bool) -> Measurement:
+    """`m` on `prompt`, compared with the baseline's tokens on it and, with several precisions, with the
+    reference precision's `none` (no comparison when sampling)."""
+    if sampling:
+        return replace(m, prompt_id=prompt.id, category=prompt.category)
+    return replace(m, prompt_id=prompt.id, category=prompt.category, identical=m.token_ids == baseline.token_ids,
+                   first_difference=first_difference(m.token_ids, baseline.token_ids),
+                   reference_identical=None if reference is None else m.token_ids == reference.token_ids,
+                   reference_difference=None if reference is None else first_difference(m.token_ids, reference.token_ids))
 
 
 def _resolved(row: RowInfo, methods: dict[str, Method]) -> RowInfo:
@@ -255,20 +315,21 @@ def run_bench(
     without transformers installed.
     """
     config = config or BenchConfig()
-    backends, package, specs = _checked(config, methods)
+    backends, dtypes, package, specs = _checked(config, methods)
     chosen = prompts if prompts is not None else load_prompts(config.prompts, limit=config.limit, categories=config.categories)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
     machine = machine_info(torch_device(config.device))
     sampling = config.temperature > 0
-    backbones, tokenizer = _loaded(config, package, backends)
+    backbones, tokenizer = _loaded(config, package, backends, dtypes)
     encoded, too_long = _encoded(chosen, tokenizer, backbones[TORCH].config.max_seq_len, config.max_new_tokens)
-    rows, built_methods, unsupported = _method_rows(specs, backends, backbones, sampling)
+    rows, built_methods, unsupported = _method_rows(specs, backends, dtypes, backbones, sampling)
     peer_models, skipped_peers = _peers(config, specs, package, backbones, tokenizer)
-    rows += [RowInfo(label=label, kind="transformers", lossless=True, settings=peer_lib.describe(p.generate_kwargs))
-             for label, p in peer_models.items()]
-    runner = _Runner(config=config, backbones=backbones, tokenizer=tokenizer, methods=built_methods, peers=peer_models)
+    rows += [RowInfo(label=label, kind="llama.cpp" if isinstance(p, peer_lib.LlamaCppGenerate) else "transformers",
+                     lossless=True, settings=peer_lib.describe(p.generate_kwargs)) for label, p in peer_models.items()]
+    runner = _Runner(config=config, backbones=backbones, tokenizer=tokenizer, methods=built_methods, peers=peer_models,
+                     dtypes=dtypes)
     measurements = _measured(runner, rows, encoded, progress)
     rows = [_resolved(row, built_methods) for row in rows]
     categories = list(dict.fromkeys(p.category for p, _ in encoded))

@@ -85,6 +85,39 @@ class TransformersGenerate:
         return PeerResult(token_ids=out[0, len(ids):].tolist(), seconds=seconds)
 
 
+class LlamaCppGenerate:
+    """llama.cpp (through llama-cpp-python, a peer only: never a warpdecode dependency) greedy-decoding the
+    GGUF file itself, in its own format, on the same token ids and threads; its KV cache is cleared
+    before every call so that no prompt is prefilled from an earlier one."""
+
+    name = "llama.cpp"
+    INSTALL = "pip install llama-cpp-python (builds llama.cpp from source with cmake)"
+
+    def __init__(self, gguf: Path, *, threads: int, context: int, stop_ids: set[int]) -> None:
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise CapabilityError(f"llama-cpp-python is not installed: {self.INSTALL}") from e
+        self.stop_ids = stop_ids
+        self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                                   verbose=False)
+        self.generate_kwargs: dict[str, Any] = {"gguf": gguf.name, "n_threads": threads,
+                                                "llama_cpp": getattr(llama_cpp, "__version__", "?")}
+
+    def generate(self, ids: list[int], max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> PeerResult:
+        if do_sample:
+            raise CapabilityError("the llama.cpp peer decodes greedily only")
+        self.llm.reset()
+        start = time.perf_counter()
+        out: list[int] = []
+        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if len(out) == max_new_tokens or token in self.stop_ids:
+                break
+        return PeerResult(token_ids=out, seconds=time.perf_counter() - start)
+
+
 def _check_components(options: dict[str, Any], schedules: tuple[str, ...]) -> None:
     """Refuse methods transformers has no version of: other verifiers, or an unsupported controller."""
     if options.get("verifier") not in (None, "greedy", "speculative_sampling"):

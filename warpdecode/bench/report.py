@@ -21,24 +21,29 @@ def _loads(values: list[float] | None) -> str:
     return NA if values is None else "/".join(f"{v:.1f}" for v in values)
 
 
-def identical_cell(a: Aggregate) -> str:
-    if a.identical is None:
+def identical_cell(a: Aggregate, reference: bool = False) -> str:
+    """`identical` (or, with `reference`, `vs ref`): yes, or how many prompts agree and from which token."""
+    same, first = (a.reference_identical, a.reference_first_difference) if reference else (a.identical, a.first_difference)
+    if same is None:
         return "n/a"
-    if a.identical == a.prompts:
+    if same == a.prompts:
         return "yes"
-    return f"no ({a.identical}/{a.prompts}" + (f", from token {a.first_difference})" if a.first_difference is not None else ")")
+    return f"no ({same}/{a.prompts}" + (f", from token {first})" if first is not None else ")")
 
 
 def overall_table(result: BenchResult, category: str = ALL) -> str:
-    """One markdown row per method and peer over the prompts of `category` (default: all)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 4) + ":---:|---:|---:|"]
+    """One markdown row per method and peer over the prompts of `category` (default: all); with several
+    precisions a `vs ref` column beside `identical`."""
+    several = "," in result.config.dtype
+    columns = [*COLUMNS[:10], "vs ref", *COLUMNS[10:]] if several else list(COLUMNS)
+    lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * 8 + ":---:|" * (len(columns) - 11) + "---:|---:|"]
     for row in result.rows:
         a = result.aggregate(row.label, category)
         ttft = None if a.time_to_first_token is None else a.time_to_first_token * 1000
         cells = [f"`{row.label}`", _num(a.tokens_per_second, ".1f"), _num(a.speedup, ".2f", "x"),
                  _num(a.median_speedup, ".2f", "x"), _num(a.tau, ".2f"),
                  _num(a.tau_without_bonus, ".2f"), _num(a.acceptance_rate, ".2f"), _num(ttft, ".0f"),
-                 _num(a.peak_rss_mib, ".0f"), identical_cell(a),
+                 _num(a.peak_rss_mib, ".0f"), identical_cell(a), *([identical_cell(a, reference=True)] if several else []),
                  _num(None if a.agreement is None else 100 * a.agreement, ".1f", " %"), _num(a.speedup_vs_transformers, ".2f", "x")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -90,6 +95,8 @@ median speedup = median over prompts of the per-prompt ratio (robust to a burst 
 τ, α summed over all verify forwards; TTFT = mean time to first token; peak MiB = largest RSS rise
 during one generation; identical = output equals `none`'s token for token (n/a when sampling; "from
 token i": the earliest new-token position at which a prompt's output differs);
+with several precisions (`--dtype fp32,q4`), identical compares a row with `none` in its own precision
+and vs ref with `none` in the first (reference) one;
 agreement (lossy rows) = share of new tokens that are the target's own greedy choice after the emitted
 prefix; vs transformers = speedup over transformers' own greedy `generate()` in this run. Definitions:
 docs/metrics.md.

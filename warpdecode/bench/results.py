@@ -47,7 +47,8 @@ class BenchConfig:
     device: str = "cpu"
     """Where `model` runs on torch, and the peers with it: cpu or cuda[:N]."""
     dtype: str = "fp32"
-    """Precision of `model` and the peers (`models.device.DTYPES`)."""
+    """Precision of `model` and the peers (`models.device.DTYPES` or `QUANTIZED`), or several,
+    comma-separated: every method runs on each (on torch), the first is the reference."""
 
     def command(self, out: Path | None = None) -> str:
         """The `warpdecode bench` command line that repeats this run."""
@@ -66,12 +67,14 @@ class BenchConfig:
 @dataclass
 class RowInfo:
     label: str
-    kind: Literal["warpdecode", "transformers"]
+    kind: Literal["warpdecode", "transformers", "llama.cpp"]
     lossless: bool
     """Output must equal plain greedy at temperature 0 (every drafter with its default verifier, on
     a full-precision backend)."""
     settings: dict[str, Any]
     backend: str = TORCH
+    dtype: str = "fp32"
+    """The precision the row's model runs in (`BenchConfig.dtype` lists those of a run, the reference first)."""
     resolved: dict[str, Any] = field(default_factory=dict)
     """Options the drafter chose itself when prepared (`num_nodes=auto` → the size it measured best)."""
 
@@ -108,6 +111,11 @@ class Measurement:
     first_difference: int | None = None
     """Index of the first new token that differs from `none`'s on this prompt (a length difference
     counts at the shorter length); None when identical or sampling."""
+    reference_identical: bool | None = None
+    """With several precisions (`--dtype fp32,q4`): token-identical to `none` in the first (reference)
+    precision, so a quantised row's quality stays visible; None when sampling or with one precision."""
+    reference_difference: int | None = None
+    """As `first_difference`, against `none` in the reference precision."""
 
 
 @dataclass
@@ -139,6 +147,11 @@ class Aggregate:
     """Prompts whose output equals `none`'s (None when sampling)."""
     first_difference: int | None = None
     """The earliest `Measurement.first_difference` over the prompts (None when all are identical)."""
+    reference_identical: int | None = None
+    """With several precisions: prompts whose output equals `none`'s in the reference precision (None
+    when sampling or with one precision)."""
+    reference_first_difference: int | None = None
+    """The earliest `Measurement.reference_difference` over the prompts."""
     agreement: float | None = None
     """Lossy verifiers at temperature 0: the share of new tokens that are the target's own greedy
     choice after the emitted prefix (1 − divergent / new tokens)."""
@@ -206,6 +219,10 @@ def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categ
                 peak_rss_mib=max(peaks) if peaks else None,
                 identical=None if sampling else sum(bool(m.identical) for m in ms),
                 first_difference=min((m.first_difference for m in ms if m.first_difference is not None), default=None),
+                reference_identical=(None if any(m.reference_identical is None for m in ms)
+                                     else sum(bool(m.reference_identical) for m in ms)),
+                reference_first_difference=min((m.reference_difference for m in ms if m.reference_difference is not None),
+                                               default=None),
                 agreement=(agreement(ms) if ours and not row.lossless and row.backend not in LOSSY_BACKENDS and not sampling
                            else None),
             ))

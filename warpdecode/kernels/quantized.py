@@ -56,7 +56,8 @@ class Int8Weight:
         """Quantise an `(out, in)` float weight."""
         w = weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # (out,)
-        q = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        # in place: one float temporary of the weight's size (an LM head's is 113 MB in the default model)
+        q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         q = F.pad(q, (0, -q.shape[1] % INT8_K_MULTIPLE))  # (out, in rounded up to a multiple of 16)
         b = None if bias is None else bias.detach().to(ACTIVATION_DTYPE)
         return cls(q.contiguous(), scales.to(ACTIVATION_DTYPE), b, weight.shape[1])
@@ -87,18 +88,32 @@ class Int4Weight:
     def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int4Weight:
         """Quantise an `(out, in)` float weight."""
         w = weight.detach().float()
-        w = F.pad(w, (0, -w.shape[1] % INT4_GROUP, 0, -w.shape[0] % INT4_N_MULTIPLE))  # (N, K) padded
-        n, k = w.shape
-        groups = w.view(n, k // INT4_GROUP, INT4_GROUP)
-        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        w = F.pad(w, (0, -w.shape[1] % INT4_GROUP))  # (out, K): K padded to a multiple of 32
+        groups = w.view(w.shape[0], -1, INT4_GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
         scale = ((high - low) / 15).clamp_min(1e-12)
-        q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).view(n, k)
+        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+        return cls.of_groups(q.view(w.shape), scale, low, bias, weight.shape[1])
+
+    @classmethod
+    def of_groups(cls, q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None, in_features: int) -> Int4Weight:
+        """From quantised groups as Q4_1 stores them, `w = q * scale + low` per group of 32 inputs (no
+        float weight is made).
+
+        Args:
+            q: (out, K) integers in [0, 15], K a multiple of 32 (the inputs zero-padded to it).
+            scale, low: (out, K / 32) float.
+            bias: (out,) or None.
+            in_features: the inputs before padding.
+        """
+        out = q.shape[0]
+        pad = -out % INT4_N_MULTIPLE
+        q, scale, low = (F.pad(t, (0, 0, 0, pad)) for t in (q.to(torch.int32), scale.float(), low.float()))
         # The kernel dequantises as (q - 8) * scale + zero, so zero = min + 8 * scale.
-        zeros = low + 8 * scale
-        scales_and_zeros = torch.cat([scale, zeros], -1).transpose(0, 1).contiguous().to(ACTIVATION_DTYPE)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        scales_and_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(ACTIVATION_DTYPE)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
         b = None if bias is None else bias.detach().to(ACTIVATION_DTYPE)
-        return cls(packed, scales_and_zeros, b, weight.shape[1], weight.shape[0])
+        return cls(packed, scales_and_zeros, b, in_features, out)
 
     def __call__(self, x: Tensor) -> Tensor:
         """(..., in) → (..., out) in x's dtype (the product itself runs with bf16 activations)."""

@@ -16,10 +16,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from warpdecode.errors import CheckpointError, ConfigError, one_line
+from warpdecode.errors import CapabilityError, CheckpointError, ConfigError, one_line
 from warpdecode.io import atomic_directory
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf import read_gguf
+from warpdecode.models.importers.gguf_quantized import read_gguf_quantized
 from warpdecode.models.importers.hf import (
     config_from_hf,
     config_to_hf,
@@ -98,6 +99,22 @@ def resolve(source: str | Path) -> Path:
     if not (target / "config.json").is_file():
         convert(name, target)
     return target
+
+
+def load_gguf_quantized(source: str | Path) -> tuple[Transformer, Tokenizer]:
+    """A GGUF file's (or a named model's) weights in their own quantised format, and its tokenizer
+    (`--dtype native`, `importers/gguf_quantized.py`); the architecture and tokenizer come from its
+    converted directory (made once, as `resolve` does)."""
+    name = str(source)
+    if name in NAMED_MODELS:
+        path = named_model_gguf(name)
+    elif name.endswith(".gguf"):
+        path = Path(name)
+    else:
+        raise CapabilityError(f"--dtype native reads a GGUF file or a named model; {name} is neither "
+                              "(use --dtype q8 or q4)")
+    directory = resolve(source)
+    return read_gguf_quantized(path, read_config(directory)), Tokenizer.load(directory)
 
 
 def read_config(source: str | Path) -> ModelConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from warpdecode.errors import CapabilityError, ConfigError
+from warpdecode.kernels.quantized import Bits
 
 
 def torch_device(name: str) -> torch.device:
@@ -33,10 +34,34 @@ def synchronize(device: torch.device) -> None:
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """`--dtype` names → the precision of the weights, activations and KV cache. fp32 is the exactness
 oracle; half precision is compared with plain greedy decoding in the same precision (docs/metrics.md)."""
+QUANTIZED: dict[str, Bits] = {"q8": 8, "q4": 4}
+"""`--dtype` names of weight-only quantised targets → their bits (`kernels/quantized.py`: int8 per
+output channel, int4 in groups of 32; the LM head in int8). The embeddings, norms, activations and
+KV cache stay float32. Like half precision, a quantised target is compared with plain greedy decoding
+of the same quantised target (docs/metrics.md)."""
+NATIVE = "native"
+"""`--dtype` name of a GGUF checkpoint's own quantised format (`models/importers/gguf_quantized.py`):
+its Q4_1 blocks go into the int4 kernel as they are; the bits are known once it is read."""
+
+
+def dtype_names() -> list[str]:
+    return [*DTYPES, *QUANTIZED, NATIVE]
+
+
+def _check(name: str) -> None:
+    if name not in dtype_names():
+        raise ConfigError(f"--dtype must be one of {', '.join(dtype_names())}, got {name!r}")
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype a `--dtype` name stands for (ConfigError for another name)."""
-    if name not in DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+    """The float dtype a `--dtype` name stands for: of every weight, or, for a quantised name, of the
+    embeddings, activations and KV cache (float32). ConfigError for another name."""
+    _check(name)
+    return DTYPES.get(name, torch.float32)
+
+
+def weight_bits(name: str) -> Bits | None:
+    """The bits of a quantised `--dtype` name (None for a float one and for `native`; ConfigError for
+    another name)."""
+    _check(name)
+    return QUANTIZED.get(name)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
+from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
@@ -129,7 +130,21 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+ROW_BY_ROW_MAX = 128
+"""Most query rows a `row_by_row` attention runs one at a time (a decode or verify step); longer
+forwards (a prefill, the same in plain and speculative decoding) run as one."""
+
+
 class Attention(nn.Module):
+    row_by_row: bool = False
+    """Run each query row of a batch-1 forward of up to `ROW_BY_ROW_MAX` rows as its own one-row
+    attention over exactly the keys its mask lets it see, so that a verify forward (a chain or a tree)
+    computes every row exactly as a one-token step after the same tokens does. Set on
+    quantised targets: SDPA's result for a row differs in the last fp32 bits between a one-row and a
+    many-row call over more (masked) keys (4e-5 in the default model's logits), which a bf16-activation
+    matmul downstream rounds into differences of 0.1-0.3 in the logits, enough to flip near-tied greedy
+    tokens."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_head_count, config.head_width
@@ -161,10 +176,23 @@ class Attention(nn.Module):
         elif ctx.cache is not None:
             assert ctx.plan is not None
             k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal, enable_gqa=self.n_kv_head != self.n_head
-        )  # (B, H, T, D)
+        gqa = self.n_kv_head != self.n_head
+        if self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
+            y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, None if ctx.mask is None else ctx.mask[0, 0, i])
+                           for i in range(T)], dim=2)  # (1, H, T, D)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal,
+                                               enable_gqa=gqa)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+    def _one_row(self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None) -> Tensor:
+        """One query row over exactly the keys it sees, in cache order and unmasked, as a one-token step
+        computes it. q: (1, H, 1, D); k, v: (1, Hkv, S, D); visible: (S,) bool or None (all)."""
+        if visible is not None:
+            keep = visible.nonzero().squeeze(1)  # (S_visible,)
+            k, v = k.index_select(2, keep), v.index_select(2, keep)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.n_kv_head != self.n_head)
 
 
 class MLP(nn.Module):
@@ -239,13 +267,21 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, std=std)
 
     def output_embeddings(self) -> Tensor:
+        """(V, C) the LM head's matrix; of a quantised copy, its int8 head dequantised (the head as it runs)."""
+        if self.lm_head is not None and isinstance(self.lm_head.quantized, Int8Weight):
+            return self.lm_head.quantized.dequantized()
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     checkpoint_fingerprint: str | None = None
-    """Set by `to_precision`: the fingerprint of the float32 weights this half-precision copy was cast from."""
+    """Set by `to_precision` and `models.quantized.quantized_target`: the fingerprint of the float32
+    weights this half-precision or quantised copy was made from."""
+    weight_bits: int | None = None
+    """Set on a weight-only quantised copy (`models.quantized`): the bits of its block weights; its
+    linear layers run their `quantized` weights and hold no dense ones."""
 
     def fingerprint(self) -> str:
-        if self.checkpoint_fingerprint is not None and self.embed.weight.dtype != torch.float32:
+        if self.checkpoint_fingerprint is not None and (self.embed.weight.dtype != torch.float32
+                                                        or self.weight_bits is not None):
             return self.checkpoint_fingerprint
         return model_fingerprint(self)
 
@@ -271,8 +307,10 @@ class Transformer(nn.Module):
     def pack_for_cpu_inference(self) -> int:
         """Give every linear layer and the LM head a oneDNN-packed weight copy (see
         `packed_linear`; q/k/v and gate/up are stacked into one matrix each); the number of packed
-        matrices, 0 off CPU or outside fp32. Idempotent:
+        matrices, 0 off CPU, outside fp32 or in a quantised copy (which has no dense weights). Idempotent:
         only missing or stale copies are made. Training and autograd keep using the dense weights."""
+        if self.weight_bits is not None:
+            return 0
         count = sum(cast(Block, block).pack() for block in self.blocks)
         if self.lm_head is not None:
             count += self.lm_head.pack()

@@ -15,9 +15,10 @@ import torch
 
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
-from warpdecode.models.checkpoint import load_pretrained
-from warpdecode.models.device import torch_device, torch_dtype
+from warpdecode.models.checkpoint import load_gguf_quantized, load_pretrained
+from warpdecode.models.device import NATIVE, torch_device, torch_dtype, weight_bits
 from warpdecode.models.named import DEFAULT_MODEL
+from warpdecode.models.quantized import quantized_target
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 from warpdecode.runtime.package import BACKENDS, InferencePackage, tensorrt_hint
@@ -39,10 +40,20 @@ def precision_for(dtype: str, package: bool) -> torch.dtype:
     """The torch dtype of `--dtype`, refused for a package (which runs in the precision it was exported
     in): checked before anything is loaded."""
     precision = torch_dtype(dtype)
-    if package and precision != torch.float32:
+    if package and dtype != "fp32":
         raise CapabilityError(f"--dtype {dtype}: a package runs in the precision it was exported in; "
-                              f"use --model for half precision")
+                              f"use --model for half precision or quantised weights")
     return precision
+
+
+def parse_dtypes(text: str, package: bool) -> list[str]:
+    """`--dtype` (comma-separated: bench runs each) as a list without repeats, each checked by `precision_for`."""
+    dtypes = list(dict.fromkeys(d.strip() for d in text.split(",") if d.strip()))
+    if not dtypes:
+        raise ConfigError(f"--dtype names no precision: {text!r}")
+    for dtype in dtypes:
+        precision_for(dtype, package)
+    return dtypes
 
 
 def load_backbones(model: str | None, package: InferencePackage | None, backends: Sequence[str], *,
@@ -54,8 +65,10 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
     Args:
         device: where a model runs (cpu, cuda, cuda:N); a package's onnxruntime backends take it as
             ONNX Runtime's execution provider.
-        dtype: a model's precision (`models.device.DTYPES`); a package runs in the precision it was
-            exported in.
+        dtype: a model's precision (`models.device.DTYPES`), or q8/q4: its weight-only quantised copy
+            (`models.device.QUANTIZED`; CPU, torch only), whose dense weights are freed once it is
+            made, or native: a GGUF checkpoint's own quantised weights (CPU, torch only); a package
+            runs in the precision it was exported in.
         threads: ONNX Runtime's intra-op threads for a package.
     """
     known = dict.fromkeys([*MODEL_BACKENDS, *BACKENDS])
@@ -68,8 +81,16 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
         if other:
             raise ConfigError(f"--backend {other[0]} runs an exported package: add --package DIR (make one with "
                               f"`warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
-        loaded, tokenizer = load_pretrained(DEFAULT_MODEL if model is None else model, device=torch_device(device),
-                                            dtype=precision)
+        source, bits = DEFAULT_MODEL if model is None else model, weight_bits(dtype)
+        if (bits is not None or dtype == NATIVE) and (CUDA_GRAPHS in backends or torch_device(device).type != "cpu"):
+            raise CapabilityError(f"--dtype {dtype} runs on the CPU (torch's weight-only kernels), not on {device} "
+                                  f"or --backend {CUDA_GRAPHS}")
+        if dtype == NATIVE:
+            loaded, tokenizer = load_gguf_quantized(source)
+        else:
+            loaded, tokenizer = load_pretrained(source, device=torch_device(device), dtype=precision)
+        if bits is not None:
+            loaded = quantized_target(loaded, bits)  # the dense weights go with the float model
         return {b: CudaGraphBackbone(loaded) if b == CUDA_GRAPHS else loaded for b in backends}, tokenizer
     if model is not None:
         raise ConfigError("give --model or --package, not both")

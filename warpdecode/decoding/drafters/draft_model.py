@@ -56,7 +56,7 @@ def layer_subset(target: Transformer, keep: list[int]) -> Transformer:
         view = Transformer(dataclasses.replace(target.config, n_layer=len(keep)))
     view.embed, view.pos_embed, view.norm, view.lm_head = target.embed, target.pos_embed, target.norm, target.lm_head
     view.blocks = nn.ModuleList(target.blocks[i] for i in keep)
-    view._head_packed = target._head_packed
+    view._head_packed, view.weight_bits = target._head_packed, target.weight_bits
     if target.config.position == "rope":
         view.inv_freq = target.inv_freq
     return view.eval()

@@ -8,6 +8,11 @@ or 1/4 of the fp32 linear weights in memory plus an int8 LM head (embeddings and
 with the target); built once per target. Drafting is the draft model's (`draft_model.py`);
 optionally only the first `layers` blocks are kept (layer skip).
 
+On a quantised target (`--dtype q8|q4`) the copy drafts for the quantised target: int4_self on a q8
+target re-quantises its int8 weights to int4; on a target already at (or below) the copy's bits the
+copy would be the target itself, so it needs `layers=N` and then drafts with the target's own first
+N quantised blocks and head (shared, no extra memory).
+
 With a stop rule (`stop=`, `chain_stop.py`) the chain has no fixed length, at most `num_tokens`:
 `acceptance` (SpecDec++, the default with `acceptance_head`, a head trained with
 `configs/controls/specdec-pp.yaml`) stops once the predicted probability that some token of the chain
@@ -37,7 +42,7 @@ from warpdecode.decoding.drafters.draft_model import DraftModelDrafter, first_la
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.errors import ConfigError
+from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.acceptance_head import AcceptanceHead, AcceptanceHeadConfig
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
@@ -88,6 +93,11 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     def prepare(self, target: Backbone) -> None:
         if self.draft is None or self.source is not target:
             weights = target.torch_model()
+            held = weights.weight_bits
+            if self.keep_layers is None and held is not None and held <= self.bits:
+                raise CapabilityError(f"{self.name} on an int{held} target: the target's weights are no larger than "
+                                      f"an int{self.bits} copy; give layers=N (1..{weights.config.n_layer - 1}) to "
+                                      "draft with its first N blocks")
             source = weights if self.keep_layers is None else first_layers(weights, self.keep_layers)
             self.draft = quantized_copy(source, self.bits)
             self.source = target

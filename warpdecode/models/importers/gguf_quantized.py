@@ -1,0 +1,167 @@
+"""A GGUF checkpoint straight into a weight-only quantised model (`--dtype native`): no float32 copy of
+the block weights is ever made.
+
+Q4_1 blocks (32 inputs: an fp16 scale `d`, an fp16 minimum `m`, 16 bytes of 4-bit `q`; `w = q * d + m`)
+are exactly `Int4Weight`'s groups, so their integers go into the int4 kernel as they are (the scales
+and minima round to bf16, as in every `Int4Weight`). A block matrix of another type is dequantised on
+its own (one matrix at a time) and re-quantised, to int4 for the 4-bit and smaller types and to int8
+otherwise; the token embedding (Q8_0 in the default model) is dequantised to float32 for the lookup,
+and the LM head is its per-channel int8 copy, as in `models.quantized`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from warpdecode.errors import CapabilityError, CheckpointError, ConfigError
+from warpdecode.kernels.packed_linear import FusedLinear, Linear
+from warpdecode.kernels.quantized import INT4_GROUP, Int4Weight, Int8Weight
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.quantized import exact_rows
+from warpdecode.models.transformer import Block, Transformer, rope_inv_freq
+
+NATIVE_ARCHITECTURES = ("llama", "qwen2")
+"""Architectures whose blocks are all gated (q/k/v, o, gate/up, down): gpt2 GGUFs are read with --dtype q8|q4."""
+Q4_1_BLOCK_BYTES = 20
+"""fp16 d, fp16 m, 16 bytes holding 32 nibbles (element j in the low nibble of byte j, element 16 + j
+in its high nibble)."""
+FOUR_BITS_OR_FEWER = re.compile(r"^(Q2|Q3|Q4|IQ1|IQ2|IQ3|IQ4)")
+
+BLOCK_TENSORS = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
+                 "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                 "ffn_down": "mlp.down_proj"}
+NORMS = {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"}
+
+
+def q4_1_groups(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+    """Q4_1 rows → (q (out, in) int32 in [0, 15], d (out, in/32), m (out, in/32) float32).
+
+    Args:
+        raw: (out, in / 32 * 20) uint8, the tensor's bytes row by row.
+    """
+    blocks = torch.from_numpy(np.array(raw, copy=True)).view(raw.shape[0], -1, Q4_1_BLOCK_BYTES)  # (out, G, 20)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()  # (out, G)
+    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()  # (out, G)
+    packed = blocks[..., 4:].to(torch.int32)  # (out, G, 16)
+    q = torch.cat([packed & 0xF, packed >> 4], -1)  # (out, G, 32): elements 0..15, then 16..31
+    return q.reshape(raw.shape[0], -1), d, m
+
+
+def unpermute_rows(n_rows: int, heads: int) -> Tensor:
+    """The row order that undoes llama.cpp's rotary permutation of a llama q/k matrix (as transformers'
+    GGUF reader does): row i of the result is row `index[i]` of the GGUF matrix."""
+    return torch.arange(n_rows).view(heads, n_rows // heads // 2, 2).transpose(1, 2).reshape(n_rows)
+
+
+class _Reader:
+    def __init__(self, path: Path, config: ModelConfig) -> None:
+        import gguf
+
+        self.gguf = gguf
+        self.reader = gguf.GGUFReader(str(path))
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.config, self.path = config, path
+        arch = self.reader.fields["general.architecture"]
+        self.arch = bytes(arch.parts[arch.data[0]]).decode()
+        if self.arch not in NATIVE_ARCHITECTURES:
+            raise CapabilityError(f"--dtype native reads {', '.join(NATIVE_ARCHITECTURES)} GGUF files, not {self.arch}; "
+                                  "use --dtype q8 or q4")
+
+    def tensor(self, name: str) -> Any:
+        if name not in self.tensors:
+            raise CheckpointError(f"{self.path}: no tensor {name}")
+        return self.tensors[name]
+
+    def dense(self, name: str) -> Tensor:
+        """The tensor as float32, dequantised if it is quantised (one tensor at a time)."""
+        t = self.tensor(name)
+        values = self.gguf.quants.dequantize(t.data, t.tensor_type)
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(*reversed([int(n) for n in t.shape]))
+
+    def groups(self, name: str, heads: int | None) -> tuple[Tensor, Tensor, Tensor] | Tensor:
+        """A block matrix's Q4_1 groups, or its float weight when it is of another type; rows unpermuted
+        for a llama q/k matrix (`heads`)."""
+        t = self.tensor(name)
+        out: tuple[Tensor, Tensor, Tensor] | Tensor
+        out = q4_1_groups(t.data) if t.tensor_type == self.gguf.GGMLQuantizationType.Q4_1 else self.dense(name)
+        if heads is not None and self.arch == "llama":
+            order = unpermute_rows(t.shape[-1], heads)
+            out = (out[0][order], out[1][order], out[2][order]) if isinstance(out, tuple) else out[order]
+        return out
+
+    def bits(self, name: str) -> int:
+        return 4 if FOUR_BITS_OR_FEWER.match(self.tensor(name).tensor_type.name) else 8
+
+
+def _quantized(parts: list[tuple[Tensor, Tensor, Tensor] | Tensor], bias: Tensor | None, bits: int,
+               in_features: int) -> Int4Weight | Int8Weight:
+    """One weight from row blocks stacked along `out`: Q4_1 groups kept as they are when every part has them."""
+    if bits == 4 and all(isinstance(p, tuple) for p in parts):
+        q, d, m = (torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[index]
+        q = nn.functional.pad(q, (0, -q.shape[1] % INT4_GROUP))
+        return Int4Weight.of_groups(q, d, m, bias, in_features)
+    dense = torch.cat([p if isinstance(p, Tensor) else (p[0].float().view(p[0].shape[0], -1, INT4_GROUP)
+                                                         * p[1][..., None] + p[2][..., None]).flatten(1)
+                       for p in parts])
+    return (Int4Weight if bits == 4 else Int8Weight).of(dense[:, :in_features], bias)
+
+
+def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
+    """The model of the GGUF file at `path` (of architecture `config`), its block weights in their own
+    quantised format (see the module docstring)."""
+    try:
+        reader = _Reader(path, config)
+    except ImportError as e:
+        raise ConfigError("reading GGUF files needs the [hf] extra: pip install 'warpdecode[hf]'") from e
+    with torch.device("meta"):
+        model = Transformer(config)
+    embed = reader.dense("token_embd.weight")
+    model.embed.weight = nn.Parameter(embed, requires_grad=False)
+    model.norm.weight = nn.Parameter(reader.dense("output_norm.weight"), requires_grad=False)
+    if model.lm_head is None:  # tied: the head is the embedding's int8 copy
+        model.lm_head = Linear(config.d_model, config.vocab_size, bias=False, device="meta")
+        head = embed
+    else:
+        head = reader.dense("output.weight")
+    model.lm_head.quantized = Int8Weight.of(head)
+    model.lm_head.weight = nn.Parameter(torch.empty(0, config.d_model), requires_grad=False)
+    bits: set[int] = set()
+    for i, module in enumerate(model.blocks):
+        block = cast(Block, module)
+        attn, mlp = block.attn, block.mlp
+        for gguf_name, ours in NORMS.items():
+            block.get_submodule(ours).weight = nn.Parameter(reader.dense(f"blk.{i}.{gguf_name}.weight"), requires_grad=False)
+        names = {id(block.get_submodule(ours)): f"blk.{i}.{g}" for g, ours in BLOCK_TENSORS.items()}
+        heads = {id(attn.q_proj): config.n_head, id(attn.k_proj): config.kv_head_count}
+        groups: list[tuple[FusedLinear | Linear, tuple[Linear, ...]]] = [
+            (attn.qkv, attn.qkv.layers), (mlp.gate_up, mlp.gate_up.layers),
+            (attn.o_proj, (attn.o_proj,)), (mlp.down_proj, (mlp.down_proj,))]
+        for group, layers in groups:
+            tensor_names = [names[id(layer)] for layer in layers]
+            layer_bits = max(reader.bits(f"{n}.weight") for n in tensor_names)
+            biases = [reader.dense(f"{n}.bias") for n in tensor_names if f"{n}.bias" in reader.tensors]
+            parts = [reader.groups(f"{n}.weight", heads.get(id(layer))) for n, layer in zip(tensor_names, layers, strict=True)]
+            weight = _quantized(parts, torch.cat(biases) if biases else None, layer_bits, layers[0].in_features)
+            group.quantized = weight
+            if len(layers) == 1:  # a one-layer group runs its layer directly: the same weight
+                layers[0].quantized = weight
+            for layer, n in zip(layers, tensor_names, strict=True):
+                layer.weight = nn.Parameter(torch.empty(0, layer.in_features), requires_grad=False)
+                if layer.bias is not None:
+                    layer.bias = nn.Parameter(reader.dense(f"{n}.bias"), requires_grad=False)
+            bits.add(layer_bits)
+    if config.position == "rope":
+        model.inv_freq = rope_inv_freq(config)
+    model.config = dataclasses.replace(config, tie_embeddings=False)  # the head is a layer of its own now
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"{path}: no weights for {missing[:5]}")
+    model.weight_bits = max(bits)
+    return exact_rows(model).eval()
