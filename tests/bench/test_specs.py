@@ -72,7 +72,7 @@ def test_bad_specs_raise_config_error(value, message):
         (["--methods", "medusa"], "drafter 'medusa' needs option(s) ['path'], e.g. medusa:path=..."),
         (["--prompts", "no_such_set"], "unknown prompt set 'no_such_set'"),
         (["--limit", "0"], "--limit must be >= 1"),
-        (["--peers", "vllm"], "--peers must be one of auto, transformers, none"),
+        (["--peers", "vllm"], "--peers must be one of auto, transformers, llama.cpp, none"),
         (["--method", "no_such_drafter"], "unknown drafter 'no_such_drafter'"),  # --method is read as --methods
         (["--backend", "bogus"], "--backends must list some of torch"),  # --backend is read as --backends
     ],
