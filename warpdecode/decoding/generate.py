@@ -11,6 +11,8 @@ from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.decoding.search.dispatch import generate_search, strategy_from_flags
+from warpdecode.decoding.search.protocols import SearchStrategy
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
@@ -133,6 +135,14 @@ def generate(
     method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
     device_step: bool = False,
+    num_beams: int = 1,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    no_repeat_ngram_size: int = 0,
+    num_beam_groups: int = 1,
+    diversity_penalty: float = 0.0,
+    search: SearchStrategy | None = None,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -145,6 +155,11 @@ def generate(
     template's, or else the model's BOS token (`prompt_ids`); a `ConfigError` says so otherwise.
     `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
     methods whose drafter has a device form.
+
+    Several candidates (docs/search.md): `num_beams` > 1 runs beam search (`num_beam_groups` > 1: diverse
+    beam search), `num_return_sequences` > 1 with sampling n samples, with Hugging Face's options; or
+    `search` runs a built search strategy (`registry.build("search", ...)`: best-of-N, First Finish
+    Search). The output is then the best candidate, with every returned one in `sequences`.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -152,8 +167,18 @@ def generate(
                             frequency_penalty, presence_penalty)
     sampler = Sampler(config, device=model.embed.weight.device)
     ids = prompt_ids(model, tokenizer, prompt, chat=chat)
-    built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     budget = min(max_new_tokens, model.config.max_seq_len - len(ids))
+    strategy = search or strategy_from_flags(
+        do_sample=do_sample, num_beams=num_beams, num_return_sequences=num_return_sequences,
+        length_penalty=length_penalty, early_stopping=early_stopping, no_repeat_ngram_size=no_repeat_ngram_size,
+        num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty)
+    if strategy is not None:
+        if device_step:
+            raise CapabilityError("the device step runs single-sequence greedy decoding, not a search")
+        return generate_search(model, tokenizer, ids, strategy, sampler, max_new_tokens=max_new_tokens, budget=budget,
+                               stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set(),
+                               drafter=method if isinstance(method, str) else method.drafter.name, streamer=streamer)
+    built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
 
     def on_tokens(tokens: list[int]) -> None:
