@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import torch
 from warpdecode.models.named import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from warpdecode.decoding.search.protocols import SearchStrategy
     from warpdecode.decoding.specs import MethodSpec
     from warpdecode.models.backbone import Backbone
     from warpdecode.models.tokenizer import Tokenizer
@@ -85,6 +87,13 @@ def generate(
     controller_options: dict[str, Any] | None = None,
     json_output: bool = False,
     threads: int | None = None,
+    num_beams: int = 1,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: str = "false",
+    no_repeat_ngram_size: int = 0,
+    num_beam_groups: int = 1,
+    diversity_penalty: float = 0.0,
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
@@ -140,8 +149,20 @@ def generate(
         controller: draft budget per step NAME[:KEY=VALUE...]: fixed (the default), or adaptive
             (grows while drafts are accepted), e.g. adaptive:initial=4.
         controller_options: deprecated: the controller's options as JSON; write --controller NAME:KEY=VALUE.
-        json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
+        json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json);
+            with several sequences also "sequences", best first.
         threads: CPU threads for torch (default: torch's choice).
+        num_beams: > 1 runs beam search with this many beams (Hugging Face's rules and outputs); a search
+            method (best_of_n, first_finish, sample: `warpdecode methods`) is named with --method instead,
+            e.g. best_of_n:n=8:scorer=logprob. See docs/search.md.
+        num_return_sequences: how many sequences to print, best first: beams, or samples when sampling.
+        length_penalty: beam search ranks a finished sequence by its log-probability / length ** this.
+        early_stopping: beam search stops: true (when num_beams sequences finished), false (when no open
+            beam can still win, a heuristic) or never (only when none can, the canonical rule).
+        no_repeat_ngram_size: beam search never repeats an n-gram of this size (prompt included); 0: off.
+        num_beam_groups: > 1 runs diverse beam search with the beams split into this many groups.
+        diversity_penalty: diverse beam search lowers a token's log-probability by this much per earlier
+            group that chose it at the same step.
     """
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
@@ -160,8 +181,9 @@ def generate(
         _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options, max_new_tokens,
                             json_output, temperature, generator)
         return
-    spec, warnings = _generate_spec(method or default_method, method_options, verifier, verifier_options,
-                                    controller, controller_options)
+    search = _search_method(method)
+    spec, warnings = _generate_spec("none" if search else method or default_method, method_options, verifier,
+                                    verifier_options, controller, controller_options)
     built = spec.with_defaults(drafter_options).build(do_sample=temperature > 0)
     for line in warnings:  # once the method is built: a refused one is reported in one line
         print(line, file=sys.stderr)
@@ -187,16 +209,50 @@ def generate(
         seed=seed,
         chat=chat,
         method=built,
-        streamer=None if json_output else stream,
+        streamer=None if json_output or num_return_sequences > 1 else stream,
+        num_beams=num_beams,
+        num_return_sequences=num_return_sequences,
+        length_penalty=length_penalty,
+        early_stopping=_early_stopping(early_stopping),
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        num_beam_groups=num_beam_groups,
+        diversity_penalty=diversity_penalty,
+        search=search,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "stats": out.stats.to_dict()}))
+                          "stats": out.stats.to_dict()}
+                         | ({"sequences": [asdict(c) for c in out.sequences]} if out.sequences else {})))
     else:
+        if num_return_sequences > 1:
+            for i, c in enumerate(out.sequences):
+                score = "" if c.score is None else f", score {c.score:.4f}"
+                print(f"--- sequence {i + 1} ({c.finish_reason}{score}) ---\n{c.text}")
         s = out.stats
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _early_stopping(value: str) -> bool | str:
+    """--early-stopping's text as Hugging Face's value: True, False or "never"."""
+    from warpdecode.errors import ConfigError
+
+    choices: dict[str, bool | str] = {"true": True, "false": False, "never": "never"}
+    if value.lower() not in choices:
+        raise ConfigError(f"--early-stopping must be true, false or never, got {value!r}")
+    return choices[value.lower()]
+
+
+def _search_method(method: str | None) -> SearchStrategy | None:
+    """The search strategy --method names (`best_of_n:n=8`), or None when it names a drafter."""
+    from warpdecode.decoding import registry
+    from warpdecode.decoding.specs import parse_spec
+
+    if method is None:
+        return None
+    name, options = parse_spec(method)
+    return registry.build("search", name, **options) if name in registry.names("search") else None
 
 
 def _deprecated(flag: str, instead: str) -> str:

@@ -109,7 +109,7 @@ def test_gnmt_ranks_by_its_own_score(pair):
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"num_beams": 0}, "--num-beams must be >= 1"),
+    ({"num_beams": 0}, "--num-beams must be in [1, 256]"),
     ({"num_beams": 2, "num_return_sequences": 3}, "--num-return-sequences must be in [1, --num-beams=2]"),
     ({"early_stopping": "sometimes"}, "--early-stopping must be true, false or never"),
     ({"no_repeat_ngram_size": -1}, "--no-repeat-ngram-size must be >= 0"),

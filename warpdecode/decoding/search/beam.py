@@ -23,7 +23,7 @@ from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rows import prefill_rows, process_logprobs, with_text
+from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, process_logprobs, with_text
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
@@ -35,8 +35,8 @@ NEG = -1.0e9  # Hugging Face's "impossible" score: added, never -inf, so ranks a
 def check_beam_options(num_beams: int, num_return_sequences: int, length_penalty: float,
                        early_stopping: EarlyStopping, no_repeat_ngram_size: int) -> None:
     """ConfigError naming the flag for an option Hugging Face would refuse too."""
-    if num_beams < 1:
-        raise ConfigError(f"--num-beams must be >= 1, got {num_beams}")
+    if not 1 <= num_beams <= MAX_ROWS:
+        raise ConfigError(f"--num-beams must be in [1, {MAX_ROWS}], got {num_beams}")
     if not 1 <= num_return_sequences <= num_beams:
         raise ConfigError(f"--num-return-sequences must be in [1, --num-beams={num_beams}], got {num_return_sequences}")
     if early_stopping not in (True, False, "never"):
@@ -50,7 +50,10 @@ def check_beam_options(num_beams: int, num_return_sequences: int, length_penalty
 def length_norm(length: int, alpha: float, rule: Literal["hf", "gnmt"]) -> float:
     """The denominator of a finished sequence's score: `length ** alpha` (Hugging Face), or GNMT's
     `((5 + length) / 6) ** alpha` (Wu et al. 2016, eq. 14), both as Python floats (as HF computes them)."""
-    return float(length**alpha) if rule == "hf" else ((5 + length) / 6) ** alpha
+    try:
+        return float(length**alpha) if rule == "hf" else ((5 + length) / 6) ** alpha
+    except OverflowError:  # a huge penalty: every long sequence scores -0.0
+        return math.inf
 
 
 @register("search", "beam")

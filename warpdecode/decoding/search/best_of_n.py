@@ -10,6 +10,7 @@ from __future__ import annotations
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
+from warpdecode.decoding.search.rows import MAX_ROWS
 from warpdecode.decoding.search.sample import sample_rows
 from warpdecode.decoding.search.scorers import Scorer, ScorerName, named_scorer
 from warpdecode.errors import ConfigError
@@ -23,8 +24,8 @@ class BestOfN(SearchStrategy):
     composes_with_speculation = False  # each row could draft and verify losslessly: not built yet
 
     def __init__(self, n: int = 4, scorer: ScorerName | Scorer = "logprob", pattern: str | None = None) -> None:
-        if n < 1:
-            raise ConfigError(f"best_of_n needs n >= 1, got {n}")
+        if not 1 <= n <= MAX_ROWS:
+            raise ConfigError(f"best_of_n needs n in [1, {MAX_ROWS}], got {n}")
         self.n = self.num_return_sequences = n
         self.scorer = scorer if isinstance(scorer, Scorer) else named_scorer(scorer, pattern)
 

@@ -16,6 +16,7 @@ parent as in `beam.py`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,7 +85,7 @@ class DiverseBeamSearch(SearchStrategy):
         check_beam_options(num_beams, num_return_sequences, length_penalty, early_stopping, no_repeat_ngram_size)
         if num_beam_groups < 2 or num_beams % num_beam_groups:
             raise ConfigError(f"--num-beam-groups must be >= 2 and divide --num-beams={num_beams}, got {num_beam_groups}")
-        if not diversity_penalty > 0.0:
+        if not 0.0 < diversity_penalty < math.inf:
             raise ConfigError(f"--diversity-penalty must be > 0 with --num-beam-groups (else the groups are "
                               f"identical), got {diversity_penalty}")
         self.num_beams, self.num_beam_groups, self.diversity_penalty = num_beams, num_beam_groups, diversity_penalty

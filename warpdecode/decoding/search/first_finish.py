@@ -13,6 +13,7 @@ from __future__ import annotations
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
+from warpdecode.decoding.search.rows import MAX_ROWS
 from warpdecode.decoding.search.sample import sample_rows
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
@@ -26,8 +27,8 @@ class FirstFinish(SearchStrategy):
     num_return_sequences = 1
 
     def __init__(self, n: int = 4) -> None:
-        if n < 1:
-            raise ConfigError(f"first_finish needs n >= 1, got {n}")
+        if not 1 <= n <= MAX_ROWS:
+            raise ConfigError(f"first_finish needs n in [1, {MAX_ROWS}], got {n}")
         self.n = n
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,

@@ -13,6 +13,9 @@ from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.tokenizer import Tokenizer
 
+MAX_ROWS = 256
+"""The most rows (beams, samples) a search keeps: each is a row of the KV cache."""
+
 
 def prefill_rows(model: Backbone, prompt: list[int], rows: int, max_len: int) -> tuple[KVCache, Tensor]:
     """Run the prompt once and give each of `rows` cache rows its keys and values.

@@ -19,7 +19,7 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rows import prefill_rows, with_text
+from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, with_text
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
@@ -85,8 +85,8 @@ class MultiSample(SearchStrategy):
     composes_with_speculation = False  # each row could draft (prompt lookup) and verify losslessly: not built yet
 
     def __init__(self, n: int = 4) -> None:
-        if n < 1:
-            raise ConfigError(f"n (--num-return-sequences) must be >= 1, got {n}")
+        if not 1 <= n <= MAX_ROWS:
+            raise ConfigError(f"n (--num-return-sequences) must be in [1, {MAX_ROWS}], got {n}")
         self.n = self.num_return_sequences = n
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
