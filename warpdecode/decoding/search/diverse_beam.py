@@ -1,6 +1,8 @@
-"""Diverse beam search (Vijayakumar et al. 2018): `num_beams` beams in `num_beam_groups` groups; each
-step the groups choose in turn, and a group's log-probabilities are lowered by `diversity_penalty`
-times the number of earlier groups that chose the same token at this step (Hamming diversity).
+"""Diverse beam search (Vijayakumar et al. 2018): the beams split into groups that choose in turn, each
+penalised for the tokens earlier groups chose at the same step (Hamming diversity).
+
+With `num_beams` beams in `num_beam_groups` groups, a group's log-probabilities are lowered by
+`diversity_penalty` times the number of earlier groups' beams that chose the same token at this step.
 
 The rules are Hugging Face's group beam search, which transformers 5 moved out of its core into the
 hub repository `transformers-community/group-beam-search` (not loadable offline): per group a beam
