@@ -36,8 +36,8 @@ def hf_beams(hf, ids, stops, n, **options):
     """Hugging Face's returned sequences (new tokens, cut at each one's own length) and scores."""
     with torch.inference_mode():
         out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=sorted(stops),
-                          return_dict_in_generate=True, output_scores=True, **options)
+                          max_new_tokens=n, pad_token_id=0, eos_token_id=sorted(stops),
+                          return_dict_in_generate=True, output_scores=True, **{"do_sample": False} | options)
     lengths = (out.beam_indices >= 0).sum(1).tolist()
     return ([out.sequences[i, len(ids) : len(ids) + m].tolist() for i, m in enumerate(lengths)],
             out.sequences_scores.tolist())
@@ -60,6 +60,24 @@ def test_beam_search_equals_transformers(pair, setting, seed):
     assert [c.score for c in ours.candidates] == pytest.approx(scores, rel=1e-6, abs=1e-5)  # float32 rounding of other kernels
     for c in ours.candidates:
         assert c.finish_reason == ("eos" if c.token_ids[-1] in stops else "length")
+
+
+@pytest.mark.parametrize("filters", [{"temperature": 0.7}, {"temperature": 1.0, "top_k": 20}, {"temperature": 1.3, "top_p": 0.9}])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beam_sampling_equals_transformers_with_the_same_seed(pair, filters, seed):
+    """do_sample with num_beams: the same draws from the same seeded stream (transformers samples from
+    torch's global generator, ours from the sampler's), so the same sequences."""
+    model, _, hf = pair
+    ids = torch.randint(3, model.config.vocab_size, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+    stops = set(naive_greedy(model, ids, 5)[2:3])
+    ours = BeamSearch(num_beams=3, num_return_sequences=2).search(
+        model, None, ids, Sampler(SamplingConfig(do_sample=True, seed=seed, **filters)), max_new_tokens=10, stop_ids=stops)
+    torch.manual_seed(seed)
+    sequences, scores = hf_beams(hf, ids, stops, 10, num_beams=3, num_return_sequences=2, do_sample=True,
+                                 top_k=filters.get("top_k", 0), top_p=filters.get("top_p", 1.0),
+                                 temperature=filters["temperature"])
+    assert [c.token_ids for c in ours.candidates] == sequences
+    assert [c.score for c in ours.candidates] == pytest.approx(scores, rel=1e-5)
 
 
 def test_repetition_penalty_equals_transformers(pair):
@@ -124,8 +142,8 @@ def test_generate_refuses_what_it_cannot_run(pair):
     model, tokenizer, _ = pair
     with pytest.raises(CapabilityError, match="does not run with a drafter"):
         generate(model, tokenizer, "hi", num_beams=2, method="prompt_lookup", chat=False)
-    with pytest.raises(CapabilityError, match="beam sampling"):
-        generate(model, tokenizer, "hi", num_beams=2, do_sample=True, chat=False)
+    with pytest.raises(CapabilityError, match="deterministic"):
+        generate(model, tokenizer, "hi", num_beams=4, num_beam_groups=2, diversity_penalty=1.0, do_sample=True, chat=False)
     with pytest.raises(ConfigError, match="greedy decoding has one answer"):
         generate(model, tokenizer, "hi", num_return_sequences=2, chat=False)
     with pytest.raises(ConfigError, match="needs --num-beam-groups > 1"):

@@ -6,6 +6,7 @@ among the top `num_beams` into the finished set under the length penalty, and co
 `num_beams` open ones. It is Hugging Face transformers' vectorised `_beam_search` (v4.50+) step for
 step, `early_stopping` (True / False / "never") and its stopping heuristic included, so outputs and
 `sequences_scores` equal `generate(num_beams=...)`'s on the same weights (tests/decoding/search).
+With sampling it is Hugging Face's beam sampling: the kept continuations are drawn instead of taken.
 
 The cache holds one row per beam: after each step, row i takes its parent's generated positions
 (`KVCache.reorder_rows`, an index select of the rows that change, never the shared prompt).
@@ -18,13 +19,14 @@ import time
 from typing import Literal
 
 import torch
+from torch import Tensor
 
 from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
 from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, process_logprobs, with_text
-from warpdecode.errors import CapabilityError, ConfigError
+from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
 
@@ -70,14 +72,32 @@ class BeamSearch(SearchStrategy):
         self.length_penalty, self.early_stopping = length_penalty, early_stopping
         self.no_repeat_ngram_size, self.length_normalization = no_repeat_ngram_size, length_normalization
 
+    @staticmethod
+    def _select(logprobs: Tensor, running: Tensor, keep: int, sampler: Sampler) -> tuple[Tensor, Tensor]:
+        """The `keep` continuations that go on: the best by accumulated log-probability, or with sampling
+        (beam sampling) `keep` drawn without replacement from the softmax of the accumulated log-probabilities
+        after the sampler's filters (applied to the log-probabilities, as Hugging Face does), best first.
+
+        Args:
+            logprobs: (K, V) float32 processed log-probabilities; running: (K,) the beams' scores.
+        Returns:
+            (keep,) float32 accumulated scores and (keep,) int64 indices into the flattened (K * V).
+        """
+        if not sampler.config.do_sample:
+            return (logprobs + running[:, None]).view(-1).topk(keep)
+        for warp in sampler.warpers:
+            logprobs = warp(logprobs)
+        accumulated = (logprobs + running[:, None]).view(1, -1)  # (1, K * V)
+        index = torch.multinomial(torch.softmax(accumulated, -1), keep, generator=sampler.generator)  # (1, keep)
+        scores, order = accumulated.gather(1, index).sort(dim=-1, descending=True)
+        return scores[0], index.gather(1, order)[0]
+
     def norm(self, length: int) -> float:
         return length_norm(length, self.length_penalty, self.length_normalization)
 
     @torch.inference_mode()
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
                max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
-        if sampler.config.do_sample:
-            raise CapabilityError("beam search here is deterministic: beam sampling (do_sample with num_beams) is not built")
         K, P, budget = self.num_beams, len(prompt), max_new_tokens
         keep = max(2, 1 + len(stop_ids)) * K  # candidates kept per step, so that K open ones remain
         top_mask = torch.arange(keep) < K  # only the top K candidates may finish (HF's top_num_beam_mask)
@@ -102,7 +122,7 @@ class BeamSearch(SearchStrategy):
             logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()  # (K, V)
             logprobs = process_logprobs(logprobs, sampler, seqs, P, self.no_repeat_ngram_size)
             V = logprobs.shape[1]
-            scores, index = (logprobs + running[:, None]).view(-1).topk(keep)  # (keep,) best first
+            scores, index = self._select(logprobs, running, keep, sampler)  # (keep,) best first
             parent, token = index // V, index % V  # (keep,)
             cand = torch.cat([seqs[parent], token[:, None]], dim=1)  # (keep, P + step + 1)
             hits = torch.isin(token, stops) | (step + 1 >= budget)  # (keep,) the candidate ends here
