@@ -585,7 +585,8 @@ def _first_sentence(doc: str | None) -> str:
 
 
 def methods(*, json_output: bool = False) -> None:
-    """List the registered decoding components: drafters (methods), verifiers and controllers.
+    """List the registered decoding components: drafters (methods), verifiers, controllers, diffusion commit
+    policies and search strategies.
 
     Args:
         json_output: print JSON instead of a table (also --json).
