@@ -156,3 +156,11 @@ def test_registered_and_declared():
     cls = registry.get("search", "beam")
     assert cls is BeamSearch and cls.composes_with_speculation is False and cls.lossless is None
     assert registry.names("search") == ["beam", "best_of_n", "diverse_beam", "first_finish", "sample"]
+
+
+def test_a_search_cut_by_the_context_says_so(pair):
+    model, _, _ = pair
+    ids = [5] * (model.config.max_seq_len - 4)
+    out = generate(model, None, ids, max_new_tokens=20, num_beams=2, num_return_sequences=2, stop_at_eos=False)
+    assert [len(s.token_ids) for s in out.sequences] == [4, 4]
+    assert out.finish_reason == "context" and {s.finish_reason for s in out.sequences} == {"context"}
