@@ -168,8 +168,8 @@ def generate(
     sampler = Sampler(config, device=model.embed.weight.device)
     ids = prompt_ids(model, tokenizer, prompt, chat=chat)
     budget = min(max_new_tokens, model.config.max_seq_len - len(ids))
-    strategy = search or strategy_from_flags(
-        do_sample=do_sample, num_beams=num_beams, num_return_sequences=num_return_sequences,
+    strategy = strategy_from_flags(
+        search, do_sample=do_sample, num_beams=num_beams, num_return_sequences=num_return_sequences,
         length_penalty=length_penalty, early_stopping=early_stopping, no_repeat_ngram_size=no_repeat_ngram_size,
         num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty)
     if strategy is not None:

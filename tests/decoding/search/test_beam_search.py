@@ -150,6 +150,8 @@ def test_generate_refuses_what_it_cannot_run(pair):
         generate(model, tokenizer, "hi", num_beams=2, diversity_penalty=1.0, chat=False)
     with pytest.raises(ConfigError, match="give --num-beams > 1"):
         generate(model, tokenizer, "hi", no_repeat_ngram_size=2, chat=False)
+    with pytest.raises(ConfigError, match="takes its options in its spec"):
+        generate(model, tokenizer, "hi", num_beams=3, search=BeamSearch(num_beams=2), chat=False)
 
 
 def test_registered_and_declared():

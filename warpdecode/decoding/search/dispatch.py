@@ -18,10 +18,18 @@ from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
 
 
-def strategy_from_flags(*, do_sample: bool, num_beams: int, num_return_sequences: int, length_penalty: float,
-                        early_stopping: bool | str, no_repeat_ngram_size: int, num_beam_groups: int,
-                        diversity_penalty: float) -> SearchStrategy | None:
-    """The strategy the Hugging Face flags ask for; None for single-sequence decoding."""
+def strategy_from_flags(search: SearchStrategy | None, *, do_sample: bool, num_beams: int, num_return_sequences: int,
+                        length_penalty: float, early_stopping: bool | str, no_repeat_ngram_size: int,
+                        num_beam_groups: int, diversity_penalty: float) -> SearchStrategy | None:
+    """The strategy the Hugging Face flags ask for, or `search` when one is given (then the flags must keep
+    their defaults: its own options hold them); None for single-sequence decoding."""
+    if search is not None:
+        flags = (num_beams, num_return_sequences, length_penalty, early_stopping, no_repeat_ngram_size,
+                 num_beam_groups, diversity_penalty)
+        if flags != (1, 1, 1.0, False, 0, 1, 0.0):
+            raise ConfigError(f"search {search.name!r} takes its options in its spec (e.g. {search.name}:n=8); "
+                              "drop --num-beams / --num-return-sequences and the other beam flags")
+        return search
     if num_beams < 1 or num_beam_groups < 1 or num_return_sequences < 1:
         raise ConfigError(f"--num-beams, --num-beam-groups and --num-return-sequences must be >= 1, got "
                           f"{num_beams}, {num_beam_groups}, {num_return_sequences}")
