@@ -3,9 +3,9 @@
 Each step scores every beam's continuations by accumulated processed log-probability, keeps the best
 `max(2, 1 + #stop ids) * num_beams` of them, moves those that end (a stop token, or the token budget)
 among the top `num_beams` into the finished set under the length penalty, and continues the best
-`num_beams` open ones. It is Hugging Face transformers' vectorised `_beam_search` (v4.50+) step for
-step, `early_stopping` (True / False / "never") and its stopping heuristic included, so outputs and
-`sequences_scores` equal `generate(num_beams=...)`'s on the same weights (tests/decoding/search).
+`num_beams` open ones. It is Hugging Face transformers' vectorised `_beam_search` (its 2025 rewrite, in
+5.x) step for step, `early_stopping` (True / False / "never") and its stopping heuristic included, so
+outputs and `sequences_scores` equal `generate(num_beams=...)`'s on the same weights (tests/decoding/search).
 With sampling it is Hugging Face's beam sampling: the kept continuations are drawn instead of taken.
 
 The cache holds one row per beam: after each step, row i takes its parent's generated positions
