@@ -158,6 +158,28 @@ class KVCache:
         self.v[:, :, :, span] = source.v[:, :, :, span][index]
         self.lengths = torch.full((self.batch,), end, dtype=torch.int64)
 
+    def rows(self, first: int, stop: int) -> KVCache:
+        """Rows `first .. stop-1` as a cache of their own that shares this one's storage (a forward over
+        some rows of a slot pool); its lengths are a copy: write them back with `set_rows` after use."""
+        if not 0 <= first < stop <= self.batch:
+            raise ValueError(f"rows [{first}, {stop}) are not rows of a {self.batch}-row cache")
+        view = object.__new__(KVCache)
+        view.k, view.v = self.k[:, first:stop], self.v[:, first:stop]  # (L, stop - first, Hkv, S, D) views
+        view.lengths = self.lengths[first:stop].clone()
+        view.max_len = self.max_len
+        return view
+
+    def set_rows(self, first: int, view: KVCache) -> None:
+        """Take the lengths of a `rows(first, ...)` view after a forward through it."""
+        self.lengths[first : first + view.batch] = view.lengths
+
+    def move_row(self, source: int, target: int) -> None:
+        """Copy row `source`'s valid positions into row `target` (which then holds them); `source` keeps its copy."""
+        n = int(self.lengths[source])
+        self.k[:, target, :, :n] = self.k[:, source, :, :n]
+        self.v[:, target, :, :n] = self.v[:, source, :, :n]
+        self.lengths[target] = n
+
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these rows, in this order (finished rows leave a batch); copies the cache."""
         if not rows or any(not 0 <= r < self.batch for r in rows):

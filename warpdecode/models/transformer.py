@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.invariance import is_batch_invariant
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.models.backbone import BackboneOutput
@@ -177,7 +178,11 @@ class Attention(nn.Module):
             assert ctx.plan is not None
             k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
         gqa = self.n_kv_head != self.n_head
-        if self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
+        if T == 1 and B > 1 and ctx.plan is not None and is_batch_invariant():
+            lengths = (ctx.plan.start + 1).tolist()  # each row's keys: its cache and the new token
+            y = torch.cat([F.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
+                                                          enable_gqa=gqa) for b, n in enumerate(lengths)])  # (B, H, 1, D)
+        elif self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
             y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, None if ctx.mask is None else ctx.mask[0, 0, i])
                            for i in range(T)], dim=2)  # (1, H, T, D)
         else:

@@ -1,0 +1,132 @@
+"""Continuous batching: rows join and leave between steps, and a row's numbers never depend on its batch."""
+
+import pytest
+import torch
+
+from warpdecode.decoding.continuous import ContinuousBatch, Row
+from warpdecode.decoding.generate import generate
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.errors import ConfigError
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.transformer import Transformer
+
+PROMPTS = [[5, 6, 7], list(range(10, 30)), [1, 2, 3, 4, 5, 6, 7, 8, 9], [40, 41], list(range(3, 14))]
+
+
+class RecordingSampler(Sampler):
+    """A sampler that keeps every logits row it chooses from, to compare them bit for bit."""
+
+    def __init__(self, config: SamplingConfig) -> None:
+        super().__init__(config)
+        self.seen: list[torch.Tensor] = []
+
+    def select(self, logits: torch.Tensor) -> torch.Tensor:
+        self.seen.append(logits.clone())
+        return super().select(logits)
+
+
+@pytest.fixture(scope="module")
+def target():
+    config = ModelConfig(vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=64)
+    torch.manual_seed(2)
+    model = Transformer(config)
+    model.init_weights(std=0.3)
+    return model.eval()
+
+
+def serve(model, schedule: list[tuple[int, list[int]]], *, new_tokens: int, max_rows: int = 8,
+          stop_ids: set[int] | None = None, config: SamplingConfig | None = None) -> list[Row]:
+    """Decode `schedule`'s prompts, each queued before the step of its number (0: before the first step)
+    and added once a row is free, removing rows as they finish. Returns the rows in schedule order."""
+    batch = ContinuousBatch(model, max_rows=max_rows, max_len=64, stop_ids=stop_ids or set())
+    rows: dict[int, Row] = {}
+    step = 0
+    while len(rows) < len(schedule) or batch.rows:
+        for i, (when, prompt) in enumerate(schedule):
+            if when <= step and i not in rows and batch.free:
+                rows[i] = batch.add(prompt, max_new_tokens=new_tokens, sampler=RecordingSampler(config or SamplingConfig()))
+                if rows[i].finish is not None:
+                    batch.remove(rows[i])
+        batch.step()
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+        step += 1
+    return [rows[i] for i in range(len(schedule))]
+
+
+def test_rows_equal_generate_alone(target, single_thread):
+    rows = serve(target, [(0, p) for p in PROMPTS], new_tokens=12)
+    for prompt, row in zip(PROMPTS, rows, strict=True):
+        alone = generate(target, None, prompt, max_new_tokens=12, stop_at_eos=False)
+        assert row.new == alone.token_ids
+        assert row.finish == "length" and row.stats.new_tokens == 12 and row.stats.target_forwards == 12
+
+
+def test_a_row_sees_the_same_logits_whatever_joins_or_leaves(target, single_thread):
+    """Bitwise: the logits a request decodes from are the same alone, in a full batch, and with rows
+    joining at later steps and leaving earlier (the last row moves into a freed cache row)."""
+    alone = [serve(target, [(0, p)], new_tokens=10)[0] for p in PROMPTS]
+    together = serve(target, [(0, p) for p in PROMPTS], new_tokens=10)
+    staggered = serve(target, [(i * 2, p) for i, p in enumerate(PROMPTS)], new_tokens=10, max_rows=3)
+    for reference, *others in zip(alone, together, staggered, strict=True):
+        for row in others:
+            assert row.new == reference.new
+            assert len(row.sampler.seen) == len(reference.sampler.seen) == 10
+            assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+
+
+def test_stop_token_ends_a_row_and_the_others_go_on(target, single_thread):
+    alone = [serve(target, [(0, p)], new_tokens=10)[0].new for p in PROMPTS[:3]]
+    stop = alone[0][2]
+    rows = serve(target, [(0, p) for p in PROMPTS[:3]], new_tokens=10, stop_ids={stop})
+    assert rows[0].new == alone[0][: alone[0].index(stop) + 1] and rows[0].finish == "eos"
+    for row, reference in zip(rows[1:], alone[1:], strict=True):
+        expected = reference[: reference.index(stop) + 1] if stop in reference else reference
+        assert row.new == expected
+
+
+def test_seeded_sampling_is_the_same_at_any_batch_size(target, single_thread):
+    config = SamplingConfig(do_sample=True, temperature=0.9, top_k=20, seed=7)
+    alone = serve(target, [(0, PROMPTS[1])], new_tokens=12, config=config)[0].new
+    crowded = serve(target, [(0, PROMPTS[0]), (1, PROMPTS[1]), (1, PROMPTS[2])], new_tokens=12, config=config)[1].new
+    assert alone == crowded
+    assert alone == generate(target, None, PROMPTS[1], max_new_tokens=12, stop_at_eos=False, do_sample=True,
+                             temperature=0.9, top_k=20, seed=7).token_ids
+
+
+def test_penalties_use_the_rows_own_context(target, single_thread):
+    config = SamplingConfig(repetition_penalty=1.6, frequency_penalty=0.4)
+    rows = serve(target, [(0, p) for p in PROMPTS[:3]], new_tokens=10, config=config)
+    for prompt, row in zip(PROMPTS[:3], rows, strict=True):
+        assert row.new == generate(target, None, prompt, max_new_tokens=10, stop_at_eos=False,
+                                   repetition_penalty=1.6, frequency_penalty=0.4).token_ids
+
+
+def test_refuses_what_it_cannot_hold(target):
+    batch = ContinuousBatch(target, max_rows=1, max_len=16, stop_ids=set())
+    with pytest.raises(ConfigError, match="does not fit"):
+        batch.add(list(range(10)), max_new_tokens=7, sampler=Sampler(SamplingConfig()))
+    with pytest.raises(ConfigError, match="does not fit"):
+        batch.add([], max_new_tokens=1, sampler=Sampler(SamplingConfig()))
+    batch.add([1, 2], max_new_tokens=3, sampler=Sampler(SamplingConfig()))
+    with pytest.raises(ConfigError, match="full"):
+        batch.add([1, 2], max_new_tokens=3, sampler=Sampler(SamplingConfig()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [3, 8])
+def test_real_model_batch_invariance(smollm2, size, single_thread):
+    """The default model, mixed prompt lengths: every row's logits equal the row's logits alone, bit for
+    bit, with the batch full from the start or filled as rows leave."""
+    tok = smollm2.tokenizer
+    texts = ["def add(a, b):", "The capital of France is", "Write a haiku about the sea.\n",
+             "import numpy as np\nx = np.", "Once upon a time", "SELECT name FROM", "1, 2, 3, 5, 8,",
+             "Q: What is 12 * 7?\nA:"][:size]
+    prompts = [tok.encode(t) for t in texts]
+    alone = [serve(smollm2.model, [(0, p)], new_tokens=6)[0] for p in prompts]
+    together = serve(smollm2.model, [(0, p) for p in prompts], new_tokens=6)
+    queued = serve(smollm2.model, [(i, p) for i, p in enumerate(prompts)], new_tokens=6, max_rows=max(2, size // 2))
+    for reference, *others in zip(alone, together, queued, strict=True):
+        for row in others:
+            assert row.new == reference.new
+            assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
