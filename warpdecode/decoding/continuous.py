@@ -13,6 +13,10 @@ row draws from its own generator, so with a seed it gives the same tokens at any
 
 Example: rows A, B, C decode together; B finishes and is removed, C moves into B's cache row; D
 is added in the third row and takes part from the next step on.
+
+The pool is allocated unwritten: memory is taken as rows fill (a forward writes a slot before any
+row reads it: a row's prefill attends over its own new keys, a step's attention over exactly the
+row's own positions), so `max_rows` rows of `max_len` positions cost what the requests use.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class Row:
     finish: FinishReason | None = None
     """Set once the row is done: `eos` (a stop token, the last of `new`) or `length` (its budget)."""
     stats: DecodeStats = field(default_factory=DecodeStats)
+    prompt_len: int = -1
+    """Tokens of `prompt` that are the request's prompt; any after them were generated before the row
+    joined (a request that decoded alone first), and count as generated for the penalties."""
     started: float = field(default_factory=time.perf_counter)
 
     def _push(self, token: int, stop_ids: set[int]) -> None:
@@ -68,7 +75,7 @@ class ContinuousBatch:
         self.stop_ids = stop_ids
         self.max_len = max_len
         self.cache = KVCache.for_model(target.config, max_rows, max_len, dtype=target.embed.weight.dtype,
-                                       device=target.embed.weight.device)
+                                       device=target.embed.weight.device, zeroed=False)
         self.rows: list[Row] = []
         """The rows being decoded; row i lives in cache row i."""
 
@@ -81,15 +88,18 @@ class ContinuousBatch:
         return self.max_rows - len(self.rows)
 
     @torch.inference_mode()
-    def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler) -> Row:
+    def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler, prompt_len: int | None = None) -> Row:
         """Prefill `prompt` in a free row and pick its first token. The row joins the batch unless that
-        token already finished it (check `row.finish`); the caller removes finished rows it was given."""
+        token already finished it (check `row.finish`); the caller removes finished rows it was given.
+        `prompt_len`: the request's own prompt is `prompt[:prompt_len]`, the rest was generated before
+        (default: all of `prompt` is the prompt)."""
         if not self.free:
             raise ConfigError(f"the batch is full ({self.max_rows} rows)")
         if not prompt or max_new_tokens < 1 or len(prompt) + max_new_tokens > self.max_len:
             raise ConfigError(f"a prompt of {len(prompt)} tokens with {max_new_tokens} new tokens does not fit "
                               f"a batch row of {self.max_len} positions")
-        row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=len(prompt)))
+        own = len(prompt) if prompt_len is None else prompt_len
+        row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=own), prompt_len=own)
         slot = len(self.rows)
         self.cache.lengths[slot] = 0
         view = self.cache.rows(slot, slot + 1)
@@ -134,5 +144,5 @@ class ContinuousBatch:
     def _select(row: Row, logits: torch.Tensor) -> int:
         """Next token of `row` from its (1, V) logits, penalised with the row's own context."""
         if row.sampler.penalties:
-            logits = row.sampler.penalize(logits, TokenHistory.single(row.prompt + row.new, len(row.prompt)))
+            logits = row.sampler.penalize(logits, TokenHistory.single(row.prompt + row.new, row.prompt_len))
         return int(row.sampler.select(logits)[0])

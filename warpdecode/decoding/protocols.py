@@ -90,6 +90,9 @@ class Drafter(Protocol):
     """Target hidden-state layers this drafter reads from `DecodeState.hidden_states` (known after `prepare`)."""
     lossless: ClassVar[bool] = True
     """A drafter only proposes: what is emitted is the verifier's choice (see `Verifier.lossless`)."""
+    drafts: ClassVar[bool] = True
+    """It proposes tokens; False for the empty drafter (plain decoding), which a server batches with
+    the other requests' plain rows (`serve/scheduler.py`)."""
     needs_training: ClassVar[bool] = False
     """Runs a trained drafter package (`path=`), made with `warpdecode fit`."""
     net_class: ClassVar[type[DraftVocabNet] | None] = None

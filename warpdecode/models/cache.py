@@ -46,12 +46,16 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        zeroed: bool = True,
     ) -> None:
+        """`zeroed=False` leaves the storage unwritten, so that memory is only taken as rows fill: for a
+        pool of rows whose forwards never read a slot before writing it (`decoding/continuous.py`)."""
         if batch <= 0 or max_len <= 0:
             raise ConfigError(f"cache needs batch > 0 and max_len > 0, got batch={batch}, max_len={max_len}")
         shape = (n_layer, batch, n_kv_head, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        alloc = torch.zeros if zeroed else torch.empty
+        self.k = alloc(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        self.v = alloc(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
         self.lengths = torch.zeros(batch, dtype=torch.int64)  # (B,) on CPU: read every step, never synced
         self.max_len = max_len
 
@@ -64,10 +68,12 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        zeroed: bool = True,
     ) -> KVCache:
         if max_len > config.max_seq_len:
             raise ConfigError(f"cache length {max_len} exceeds the model's context of {config.max_seq_len} tokens")
-        return cls(config.n_layer, batch, config.kv_head_count, max_len, config.head_width, dtype=dtype, device=device)
+        return cls(config.n_layer, batch, config.kv_head_count, max_len, config.head_width, dtype=dtype, device=device,
+                   zeroed=zeroed)
 
     @property
     def batch(self) -> int:

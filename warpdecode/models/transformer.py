@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -245,6 +245,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    supports_continuous_batching: ClassVar[bool] = True
     inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
     _head_packed: PackedWeight | None = None  # packed tied LM head, see `pack_for_cpu_inference`
 
