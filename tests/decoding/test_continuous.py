@@ -130,3 +130,19 @@ def test_real_model_batch_invariance(smollm2, size, single_thread):
         for row in others:
             assert row.new == reference.new
             assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_targets_are_batch_invariant(bits, single_thread):
+    from warpdecode.models.quantized import quantized_target
+
+    config = ModelConfig(vocab_size=96, n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=160, max_seq_len=64)
+    torch.manual_seed(3)
+    model = Transformer(config)
+    model.init_weights(std=0.2)
+    target = quantized_target(model.eval(), bits)
+    alone = [serve(target, [(0, p)], new_tokens=8)[0] for p in PROMPTS]
+    staggered = serve(target, [(i, p) for i, p in enumerate(PROMPTS)], new_tokens=8, max_rows=3)
+    for reference, row in zip(alone, staggered, strict=True):
+        assert row.new == reference.new
+        assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
