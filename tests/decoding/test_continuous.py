@@ -59,7 +59,7 @@ def test_rows_equal_generate_alone(target, single_thread):
     for prompt, row in zip(PROMPTS, rows, strict=True):
         alone = generate(target, None, prompt, max_new_tokens=12, stop_at_eos=False)
         assert row.new == alone.token_ids
-        assert row.finish == "length" and row.stats.new_tokens == 12 and row.stats.target_forwards == 12
+        assert row.finish == "length" and row.stats.new_tokens == 12 and row.stats.target_forwards == 11
 
 
 def test_a_row_sees_the_same_logits_whatever_joins_or_leaves(target, single_thread):
@@ -146,3 +146,73 @@ def test_quantized_targets_are_batch_invariant(bits, single_thread):
     for reference, row in zip(alone, staggered, strict=True):
         assert row.new == reference.new
         assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+
+
+def spec_serve(model, prompts, methods, *, new_tokens: int, max_rows: int = 8, max_nodes: int | None = None,
+               config: SamplingConfig | None = None) -> list[Row]:
+    """Every prompt added at once with its own method (None: plain), stepped to the end."""
+    from warpdecode.decoding.generate import build_method
+
+    batch = ContinuousBatch(model, max_rows=max_rows, max_len=model.config.max_seq_len, stop_ids=set())
+    do_sample = config is not None and config.do_sample
+    rows = [batch.add(p, max_new_tokens=new_tokens, sampler=Sampler(config or SamplingConfig()),
+                      method=None if m is None else build_method(m, do_sample=do_sample))
+            for p, m in zip(prompts, methods, strict=True)]
+    while batch.rows:
+        batch.step(max_nodes)
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+    return rows
+
+
+BATCHABLE = ["prompt_lookup", "token_recycling", "lookahead", "adaptive_ngram", "copy_input"]
+
+
+def test_speculative_rows_equal_plain_decoding_alone(target, single_thread):
+    """Ragged speculation in one forward: every row (each with its own drafter, or plain) decodes the
+    tokens it decodes alone and plainly."""
+    prompts = [p * 2 for p in PROMPTS]  # repeated text gives the n-gram drafters something to find
+    alone = [generate(target, None, p, max_new_tokens=16, stop_at_eos=False).token_ids for p in prompts]
+    methods = [*BATCHABLE[: len(prompts) - 1], None]
+    rows = spec_serve(target, prompts, methods, new_tokens=16)
+    assert [row.new for row in rows] == alone
+    assert all(row.finish == "length" and len(row.new) == 16 for row in rows)
+    plain = spec_serve(target, prompts, methods, new_tokens=16, max_nodes=0)  # drafting switched off
+    assert [row.new for row in plain] == alone and all(row.stats.target_forwards == 15 for row in plain)
+
+
+def test_a_row_that_cannot_draft_in_a_batch_is_refused(target):
+    from warpdecode.decoding.generate import build_method
+    from warpdecode.errors import CapabilityError
+
+    batch = ContinuousBatch(target, max_rows=2, max_len=64, stop_ids=set())
+    with pytest.raises(CapabilityError, match="cannot draft for a row of a batch"):
+        batch.add([1, 2, 3], max_new_tokens=4, sampler=Sampler(SamplingConfig()),
+                  method=build_method("draft_model", options={"layers": 1}))
+
+
+def test_sampled_speculative_rows_keep_to_their_budget(target, single_thread):
+    config = SamplingConfig(do_sample=True, temperature=0.8, seed=5)
+    rows = spec_serve(target, [p * 2 for p in PROMPTS[:3]], ["prompt_lookup", "token_recycling", None],
+                      new_tokens=12, config=config)
+    assert all(len(row.new) == 12 and row.finish == "length" for row in rows)
+    assert all(0 <= t < target.config.vocab_size for row in rows for t in row.new)
+
+
+@pytest.mark.slow
+def test_real_model_ragged_speculation_is_exact(smollm2, single_thread):
+    """The default model, 8 rows with prompt lookup, token recycling and plain decoding side by side:
+    every row's greedy tokens equal plain decoding alone, and the drafters do get tokens accepted."""
+    tok = smollm2.tokenizer
+    code = "def area(r):\n    return 3.14 * r * r\n\ndef perimeter(r):\n    return 2 * 3.14 * r\n\n"
+    texts = [code + "def volume(r):", "List: apple, banana, cherry, apple, banana,", code + "def diameter(r):",
+             "The capital of France is", "1, 2, 3, 4, 5, 6, 7,", "Say hello three times: hello hello", code,
+             "Q: What is 12 * 7?\nA:"]
+    prompts = [tok.encode(t) for t in texts]
+    methods = ["prompt_lookup", "token_recycling", "prompt_lookup", None, "token_recycling", "prompt_lookup",
+               "adaptive_ngram", None]
+    rows = spec_serve(smollm2.model, prompts, methods, new_tokens=20)
+    for prompt, row in zip(prompts, rows, strict=True):
+        assert row.new == generate(smollm2.model, tok, prompt, max_new_tokens=20, stop_at_eos=False).token_ids
+    accepted = sum(sum(row.stats.accepted_per_step) for row in rows)
+    assert accepted > 10

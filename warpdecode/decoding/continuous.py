@@ -1,11 +1,17 @@
-"""Continuous (iteration-level) batching of plain decoding: rows join and leave between steps.
+"""Continuous (iteration-level) batching with ragged speculation: rows join and leave between steps.
 
 A `ContinuousBatch` owns a pool of `max_rows` KV-cache rows. `add` prefills a new request alone in
-the first free row and picks its first token; `step` runs one forward of one token per row over
-all the rows at once and picks each row's next token with the row's own sampler (its temperature,
-filters, penalties and random generator); `remove` frees a finished or cancelled row, moving the
-last row into its place so the rows in use stay `0 .. len(rows) - 1` (a forward reads a view of
-exactly those rows, never padding).
+the first free row and picks its first token; `step` runs one forward over all the rows at once and
+picks each row's next tokens with the row's own sampler (its temperature, filters, penalties and
+random generator); `remove` frees a finished or cancelled row, moving the last row into its place
+so the rows in use stay `0 .. len(rows) - 1` (a forward reads a view of exactly those rows).
+
+Speculation per row: a row added with a `Method` whose drafter `supports_batch` drafts a tree each
+step (its own drafter, controller and verifier state); the step's forward holds every row's pending
+token and tree, padded to the widest tree (padding rows see only themselves and are never read),
+each row's verifier accepts its own path, and the cache keeps each row's accepted path
+(`KVCache.commit`, per row). `step(max_nodes=0)` drafts nothing this step (speculation under load:
+the caller chooses the budget from the batch size).
 
 Every forward runs batch-invariantly (`kernels/invariance.py`): a row's tokens at temperature 0
 are the same whatever other rows share its steps, and whenever they joined or left. A sampled
@@ -26,10 +32,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from warpdecode.decoding.engine import Method
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.processors import TokenHistory
+from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler
-from warpdecode.errors import ConfigError
+from warpdecode.decoding.tree import DraftTree
+from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.kernels.invariance import batch_invariant
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
@@ -44,28 +53,40 @@ class Row:
     """New tokens at most."""
     sampler: Sampler
     new: list[int] = field(default_factory=list)
+    last: list[int] = field(default_factory=list)
+    """The tokens the last `add` or `step` gave it (one, or a speculative step's accepted path and bonus)."""
     finish: FinishReason | None = None
     """Set once the row is done: `eos` (a stop token, the last of `new`) or `length` (its budget)."""
     stats: DecodeStats = field(default_factory=DecodeStats)
     prompt_len: int = -1
     """Tokens of `prompt` that are the request's prompt; any after them were generated before the row
     joined (a request that decoded alone first), and count as generated for the penalties."""
+    method: Method | None = None
+    """Its speculative method (None: plain decoding)."""
+    state: DecodeState | None = None
     started: float = field(default_factory=time.perf_counter)
 
-    def _push(self, token: int, stop_ids: set[int]) -> None:
-        self.new.append(token)
-        self.stats.target_forwards += 1
-        if token in stop_ids:
-            self.finish = "eos"
-        elif len(self.new) >= self.budget:
-            self.finish = "length"
+    def _push(self, tokens: list[int], stop_ids: set[int]) -> None:
+        """Take a step's tokens, cut after a stop token or at the budget."""
+        for i, token in enumerate(tokens):
+            if token in stop_ids:
+                self.finish = "eos"
+            elif len(self.new) + i + 1 >= self.budget:
+                self.finish = "length"
+            if self.finish is not None:
+                tokens = tokens[: i + 1]
+                break
+        self.new.extend(tokens)
+        self.last = tokens
+        if self.state is not None:
+            self.state.tokens.extend(tokens)
         if self.finish is not None:
             self.stats.new_tokens = len(self.new)
             self.stats.seconds = time.perf_counter() - self.started
 
 
 class ContinuousBatch:
-    """Plain decoding of up to `max_rows` requests of up to `max_len` tokens each (prompt + new)."""
+    """Decoding of up to `max_rows` requests of up to `max_len` tokens each (prompt + new)."""
 
     def __init__(self, target: Backbone, *, max_rows: int, max_len: int, stop_ids: set[int]) -> None:
         if max_rows < 1:
@@ -88,47 +109,109 @@ class ContinuousBatch:
         return self.max_rows - len(self.rows)
 
     @torch.inference_mode()
-    def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler, prompt_len: int | None = None) -> Row:
+    def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler, prompt_len: int | None = None,
+            method: Method | None = None) -> Row:
         """Prefill `prompt` in a free row and pick its first token. The row joins the batch unless that
         token already finished it (check `row.finish`); the caller removes finished rows it was given.
         `prompt_len`: the request's own prompt is `prompt[:prompt_len]`, the rest was generated before
-        (default: all of `prompt` is the prompt)."""
+        (default: all of `prompt` is the prompt). `method`: the row's own speculative method (built
+        for this row alone: drafters keep per-request state), whose drafter must `supports_batch`."""
         if not self.free:
             raise ConfigError(f"the batch is full ({self.max_rows} rows)")
         if not prompt or max_new_tokens < 1 or len(prompt) + max_new_tokens > self.max_len:
             raise ConfigError(f"a prompt of {len(prompt)} tokens with {max_new_tokens} new tokens does not fit "
                               f"a batch row of {self.max_len} positions")
+        if method is not None and not method.drafter.drafts:
+            method = None
+        if method is not None and (not method.drafter.supports_batch or method.verifier.needs_hidden_states):
+            raise CapabilityError(f"drafter {method.drafter.name!r} cannot draft for a row of a batch")
         own = len(prompt) if prompt_len is None else prompt_len
-        row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=own), prompt_len=own)
+        row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=own), prompt_len=own,
+                  method=method)
         slot = len(self.rows)
         self.cache.lengths[slot] = 0
         view = self.cache.rows(slot, slot + 1)
         device = self.target.embed.weight.device
-        with batch_invariant():
-            out = self.target(torch.tensor([prompt], device=device), cache=view, logits_slice=slice(-1, None))
+        out = self.target(torch.tensor([prompt], device=device), cache=view, logits_slice=slice(-1, None))
         self.cache.set_rows(slot, view)
         self.rows.append(row)
-        row._push(self._select(row, out.logits[:, -1]), self.stop_ids)
+        first = self._select(row, out.logits[:, -1])
+        if method is not None:
+            method.drafter.prepare(self.target)
+            method.verifier.prepare(self.target)
+            row.state = DecodeState(self.target, self.cache, list(prompt), own, sampler,
+                                    forward_tokens=torch.tensor(prompt[-1:]), forward_logits=out.logits[0])
+        row._push([first], self.stop_ids)
+        if method is not None and row.state is not None:
+            method.drafter.start(row.state)
+            method.controller.start(row.state)
         row.stats.time_to_first_token = time.perf_counter() - row.started
         return row
 
     @torch.inference_mode()
-    def step(self) -> list[Row]:
-        """One token for every row (one forward); returns the rows, each with its new token last."""
+    def step(self, max_nodes: int | None = None) -> list[Row]:
+        """One forward for every row: its pending token and, for a speculative row, its draft tree of at
+        most `max_nodes` nodes (None: its controller's budget; 0: no drafts this step). Returns the
+        rows, each with this step's tokens in `last`."""
         if not self.rows:
             return []
-        n = len(self.rows)
         if any(row.finish is not None for row in self.rows):
             raise ValueError("remove the finished rows before the next step")
+        n = len(self.rows)
         view = self.cache.rows(0, n)
+        starts = view.lengths.clone()  # (n,)
+        trees = [self._draft(row, int(start), max_nodes) for row, start in zip(self.rows, starts.tolist(), strict=True)]
+        width = 1 + max(tree.size for tree in trees)
         device = self.target.embed.weight.device
-        pending = torch.tensor([[row.new[-1]] for row in self.rows], device=device)  # (n, 1)
+        tokens = torch.zeros(n, width, dtype=torch.int64)  # (n, T) pending, tree, padding
+        positions = starts[:, None].repeat(1, width)  # (n, T)
+        mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # (n, T, T) padding sees itself only
+        for i, (row, tree, start) in enumerate(zip(self.rows, trees, starts.tolist(), strict=True)):
+            t, p, m = tree.verify_inputs(row.new[-1], start)
+            size = t.shape[1]
+            tokens[i, :size], positions[i, :size], mask[i, :size, :size] = t[0], p[0], m[0]
         with batch_invariant():
-            logits = self.target(pending, cache=view).logits[:, -1]  # (n, V)
+            out = self.target(tokens.to(device), positions.to(device), view, None if width == 1 else mask.to(device))
+        paths = [self._accept(row, tree, out.logits[i], tokens[i]) for i, (row, tree) in enumerate(zip(self.rows, trees, strict=True))]
+        longest = max(len(path) for path in paths)
+        kept = torch.tensor([path + [0] * (longest - len(path)) for path in paths])  # (n, A) forward indices
+        view.commit(starts, kept, torch.tensor([len(path) for path in paths]))
         self.cache.set_rows(0, view)
-        for i, row in enumerate(self.rows):
-            row._push(self._select(row, logits[i : i + 1]), self.stop_ids)
         return list(self.rows)
+
+    def _draft(self, row: Row, start: int, max_nodes: int | None) -> DraftTree:
+        if row.method is None or row.state is None or max_nodes == 0:
+            return DraftTree.empty()
+        room = min(row.budget - len(row.new) - 1, self.max_len - start - 1, row.method.max_tree_nodes)
+        budget = min(row.method.controller.budget(row.state), room, room if max_nodes is None else max_nodes)
+        if budget < 1:
+            return DraftTree.empty()
+        tree = row.method.drafter.propose(row.state, budget)
+        if tree.size > budget:
+            raise RuntimeError(f"drafter proposed {tree.size} nodes with a budget of {budget}")
+        return tree
+
+    def _accept(self, row: Row, tree: DraftTree, logits: torch.Tensor, tokens: torch.Tensor) -> list[int]:
+        """Accept `row`'s path from its (T, V) logits rows; returns the forward indices to keep."""
+        row.stats.target_forwards += 1
+        if row.method is None or row.state is None:
+            row._push([self._select(row, logits[:1])], self.stop_ids)
+            return [0]
+        candidates = tree.verified()
+        rows = logits[: candidates.size + 1]  # (N+1, V): after the pending token, then after each candidate
+        if row.sampler.penalties:
+            history = TokenHistory(torch.tensor(row.state.tokens), row.prompt_len,
+                                   ((),) + tuple(candidates.path_tokens()))
+            rows = row.sampler.penalize(rows, history)
+        result = row.method.verifier.accept(candidates, rows, row.sampler, {})
+        state = row.state
+        state.forward_tokens, state.forward_logits, state.forward_tree = tokens[: tree.size + 1], logits[: tree.size + 1], tree
+        row._push(result.tokens, self.stop_ids)
+        row.stats.accepted_per_step.append(len(result.path))
+        row.stats.proposed_per_step.append(result.proposed)
+        row.method.drafter.observe(state, result)
+        row.method.controller.observe(result)
+        return [0] + [node + 1 for node in result.path]
 
     def remove(self, row: Row) -> None:
         """Free `row`'s cache row (the last row moves into it)."""

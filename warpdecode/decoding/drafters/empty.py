@@ -12,6 +12,7 @@ from warpdecode.models.backbone import Backbone
 
 @register("drafter", "none")
 class EmptyDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
     drafts: ClassVar[bool] = False
 
     def prepare(self, target: Backbone) -> None:
