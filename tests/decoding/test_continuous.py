@@ -216,3 +216,21 @@ def test_real_model_ragged_speculation_is_exact(smollm2, single_thread):
         assert row.new == generate(smollm2.model, tok, prompt, max_new_tokens=20, stop_at_eos=False).token_ids
     accepted = sum(sum(row.stats.accepted_per_step) for row in rows)
     assert accepted > 10
+
+
+def test_draft_budget_drafts_where_it_measured_more_tokens_per_second():
+    from warpdecode.decoding.continuous import DraftBudget
+
+    budget = DraftBudget(explore_every=4)
+    assert budget.choose(1, can_draft=False) is False
+    assert budget.choose(1, can_draft=True) is True  # nothing measured: draft first
+    budget.observe(1, True, tokens=2, seconds=0.030)
+    assert budget.choose(1, can_draft=True) is False  # then the plain step
+    budget.observe(1, False, tokens=1, seconds=0.020)
+    assert [budget.choose(1, can_draft=True) for _ in range(4)] == [True, True, True, False]  # 67 vs 50 tok/s; explore
+    budget.observe(16, True, tokens=30, seconds=0.160)
+    budget.observe(16, False, tokens=16, seconds=0.040)
+    assert budget.choose(16, can_draft=True) is False  # 188 vs 400 tok/s
+    for _ in range(10):
+        budget.observe(16, True, tokens=30, seconds=0.060)  # the traffic changed: drafting got cheap
+    assert budget.rate(16, True) > budget.rate(16, False) and budget.choose(16, can_draft=True) is True

@@ -11,7 +11,7 @@ import pytest
 import torch
 from serving import Gate, serve_in_thread
 
-from warpdecode.decoding.generate import generate
+from warpdecode.decoding.generate import build_method, generate
 
 COMPLETIONS = "/v1/completions"
 PROMPTS = ["print('hello", "for i in range(", "Write a story about", "def f(x):", "a b a b a b", "import os\n"]
@@ -77,9 +77,10 @@ def test_requests_that_arrive_together_share_steps(tiny):
 
 
 def test_a_speculative_request_alone_joins_the_batch_when_another_arrives(tiny):
-    """It speculates while alone, then decodes in the batch from its tokens so far: same answer."""
+    """A drafter that cannot draft in a batch (a draft model) speculates while its request is alone,
+    then the request decodes in the batch from its tokens so far: same answer."""
     gate = Gate(tiny[0])
-    spec = {"speculation": "prompt_lookup:num_tokens=3"}
+    spec = {"speculation": "draft_model:layers=1:num_tokens=3"}
     for served in serve_in_thread(gate, tiny[1], max_num_seqs=4):
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(complete, served.url, PROMPTS[4], max_tokens=30, **spec)
@@ -91,7 +92,7 @@ def test_a_speculative_request_alone_joins_the_batch_when_another_arrives(tiny):
             answers = [first.result(), second.result()]
         target, tokenizer = tiny
         assert answers[0]["text"] == generate(target, tokenizer, PROMPTS[4], max_new_tokens=30, chat=False,
-                                              method="prompt_lookup").text
+                                              method=build_method("draft_model", options={"layers": 1})).text
         assert answers[1]["text"] == generate(target, tokenizer, PROMPTS[1], max_new_tokens=10, chat=False).text
         rows = rows_histogram(served.url)
         assert rows["count"] > rows["1.0"]  # the first one went on beside the second in the batch

@@ -11,13 +11,18 @@ forward per step for all of them; a request joins at the next step after it arri
 runs alone) and leaves when it ends, freeing its row for the next one. Every row computes what it
 computes alone (batch invariance), so a request's answer does not depend on the others.
 
-Speculation when alone: a request whose method drafts (`speculation`, or the server's `--method`)
-runs that method in the engine's one loop (`decoding/engine.run`) while it is the only request.
-When another request arrives, it stops after its current step and joins the batch, carrying its
-tokens so far (one prefill of them), and decodes plainly from then on: under load, a speculative
-step's extra verify rows cost more than they save on this CPU (docs/serve.md). A lossless method does
-not change the answer at temperature 0 either way (up to floating-point near-ties between a verify
-forward and a plain step), nor the distribution when sampling.
+Speculation in the batch: a request whose method drafts (`speculation`, or the server's `--method`)
+with a drafter that `supports_batch` (prompt lookup, token recycling, ...) drafts in its batch row,
+with components of its own; each step's forward verifies every row's tree at once. Whether a step
+drafts at all is chosen from the step times measured at the current batch size (`DraftBudget`):
+speculation pays at a few rows and costs more than it gives at many (docs/serve.md).
+
+A drafter that cannot draft in a batch (a draft model, EAGLE, ...) runs in the engine's one loop
+(`decoding/engine.run`) while its request is the only one. When another request arrives, it stops
+after its current step and joins the batch, carrying its tokens so far (one prefill of them), and
+decodes plainly from then on. A lossless method gives the same answer at temperature 0 in every
+case (the batched one bit for bit; the lone one up to floating-point near-ties between a verify
+forward and a plain step), and the same distribution when sampling.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from warpdecode.decoding.continuous import ContinuousBatch, Row
+from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -156,6 +161,8 @@ class Scheduler:
         self._batch: ContinuousBatch | None = None  # made on first use (its cache is the big allocation)
         self._rows: dict[Row, tuple[Job, _Output]] = {}
         self._solo: Job | None = None
+        self.budget = DraftBudget()
+        """Whether a batched step drafts, from the step times measured at each batch size."""
 
     @property
     def running(self) -> Job | None:
@@ -234,11 +241,17 @@ class Scheduler:
         try:
             method = self.method(job.spec, job.sampling.do_sample)
             sampler = Sampler(job.sampling, device=self.target.embed.weight.device)
+            if method.drafter.drafts and method.drafter.supports_batch and self.max_num_seqs > 1:
+                # drafts in the batch, with components of its own (a drafter keeps per-request state)
+                method = job.spec.with_defaults(self.drafter_options).build(do_sample=job.sampling.do_sample)
         except WarpdecodeError as error:
             _emit(job, Failed(bad_request(f"speculation {job.spec.label!r}: {one_line(error)}", "speculation")))
             return
         self.metrics.prompt_tokens.inc(len(job.ids))
         output = _Output(job, self.tokenizer, self.metrics)
+        if method.drafter.drafts and method.drafter.supports_batch and self.max_num_seqs > 1:
+            self._join(job, sampler, output, method)
+            return
         if method.drafter.drafts and not self._rows and self._alone():
             self._solo = job
             self.metrics.batch_size.set(1)
@@ -283,15 +296,16 @@ class Scheduler:
         output.finish(eos=finish == "eos")
         return True
 
-    def _join(self, job: Job, sampler: Sampler, output: _Output) -> None:
-        """Add `job` to the batch; a job that decoded alone first carries its tokens (re-read by one prefill)."""
+    def _join(self, job: Job, sampler: Sampler, output: _Output, method: Method | None = None) -> None:
+        """Add `job` to the batch (drafting with `method`, or plainly); a job that decoded alone first
+        carries its tokens (re-read by one prefill)."""
         if self._batch is None:
             self._batch = ContinuousBatch(self.target, max_rows=self.max_num_seqs, max_len=self.max_model_len,
                                           stop_ids=self.stop_ids)
         done = output.produced
         self.metrics.batch_size.set(len(self._rows) + 1)  # its prefill counts
         row = self._batch.add(job.ids + done, max_new_tokens=job.max_tokens - len(done), sampler=sampler,
-                              prompt_len=len(job.ids))
+                              prompt_len=len(job.ids), method=method)
         self._rows[row] = (job, output)
         self.metrics.batch_size.set(len(self._rows))
         self._emit_token(row)
@@ -305,9 +319,13 @@ class Scheduler:
                 self._leave(row)
         if not self._rows:
             return
-        self.metrics.step_rows.observe(len(self._rows))
+        rows = len(self._rows)
+        self.metrics.step_rows.observe(rows)
+        drafting = self.budget.choose(rows, any(row.method is not None for row in self._rows))
         try:
-            batch.step()
+            start = time.perf_counter()
+            batch.step(None if drafting else 0)
+            self.budget.observe(rows, drafting, sum(len(row.last) for row in self._rows), time.perf_counter() - start)
         except Exception as error:  # noqa: BLE001 -- a failed step ends its rows' requests, not the server
             for row, (job, output) in list(self._rows.items()):
                 self._leave(row)
@@ -320,11 +338,13 @@ class Scheduler:
     def _emit_token(self, row: Row) -> None:
         """Hand `row`'s newest token to its job; end the job when the row or its output is done."""
         _, output = self._rows[row]
-        going = output.push(row.new[-1:])
+        going = output.push(row.last)
         if row.finish is not None or not going:
             output.finish(eos=row.finish == "eos")
             if row.finish is not None:
                 self.metrics.tokens_per_second.set(row.stats.tokens_per_second)
+                if row.method is not None:
+                    self.metrics.tau.observe(row.stats.tau)
             self._leave(row)
 
     def _leave(self, row: Row) -> None:
