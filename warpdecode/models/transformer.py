@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, cast
 
 import torch
@@ -51,6 +51,33 @@ class LayerContext:
     slots: Tensor | None = None
     """(T,) int64 cache slots on the device for the new tokens (`Transformer.forward_static`); the
     layers then read the whole cache instead of `plan`'s used prefix."""
+    seen: dict[str, list[list[int | Tensor]]] = field(default_factory=dict)
+    """`visible_keys(mask)`, computed by the first layer that needs it and shared by the others."""
+
+    def visible(self) -> list[list[int | Tensor]]:
+        if "keys" not in self.seen:
+            assert self.mask is not None
+            self.seen["keys"] = visible_keys(self.mask)
+        return self.seen["keys"]
+
+
+def visible_keys(mask: Tensor) -> list[list[int | Tensor]]:
+    """The keys each query of each row sees: `n` when they are the first `n` slots (a chain, or any
+    query whose ancestors are the nodes just before it), else their (S_visible,) slot indices.
+
+    Example: a row whose 10 cached slots are followed by the tree pending → {a, b}, a → c: the pending
+    token sees 11 slots, `a` 12, `b` slots 0..10 and 12 (not `a`'s 11), `c` 0..11 and 13.
+
+    Args:
+        mask: (B, 1, T, S) bool, which slots each query sees.
+    """
+    counts = mask.sum(-1)[:, 0]  # (B, T)
+    prefix = ((torch.arange(mask.shape[-1], device=mask.device) < counts[..., None]) == mask[:, 0]).all(-1)  # (B, T)
+    out: list[list[int | Tensor]] = []
+    for b, (row_counts, row_prefix) in enumerate(zip(counts.tolist(), prefix.tolist(), strict=True)):
+        out.append([n if is_prefix else mask[b, 0, i].nonzero().squeeze(1)
+                    for i, (n, is_prefix) in enumerate(zip(row_counts, row_prefix, strict=True))])
+    return out
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -181,8 +208,8 @@ class Attention(nn.Module):
         if ctx.plan is not None and (B > 1 or T > 1) and is_batch_invariant():
             y = self._invariant(q, k, v, ctx)  # (B, H, T, D)
         elif self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
-            y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, None if ctx.mask is None else ctx.mask[0, 0, i])
-                           for i in range(T)], dim=2)  # (1, H, T, D)
+            keys: list[int | Tensor] = ctx.visible()[0] if ctx.mask is not None else [k.shape[2]] * T
+            y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, keys[i]) for i in range(T)], dim=2)  # (1, H, T, D)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal,
                                                enable_gqa=gqa)  # (B, H, T, D)
@@ -202,15 +229,18 @@ class Attention(nn.Module):
                                                              enable_gqa=gqa) for b, n in enumerate(lengths)])
         if ctx.mask is None:
             raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
-        return torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], ctx.mask[b, 0, i])
+        keys = ctx.visible()
+        return torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], keys[b][i])
                                      for i in range(T)], dim=2) for b in range(B)])
 
-    def _one_row(self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None) -> Tensor:
+    def _one_row(self, q: Tensor, k: Tensor, v: Tensor, keys: int | Tensor) -> Tensor:
         """One query row over exactly the keys it sees, in cache order and unmasked, as a one-token step
-        computes it. q: (1, H, 1, D); k, v: (1, Hkv, S, D); visible: (S,) bool or None (all)."""
-        if visible is not None:
-            keep = visible.nonzero().squeeze(1)  # (S_visible,)
-            k, v = k.index_select(2, keep), v.index_select(2, keep)
+        computes it. q: (1, H, 1, D); k, v: (1, Hkv, S, D); keys: the first `keys` slots, or (S_visible,)
+        slot indices (`visible_keys`)."""
+        if isinstance(keys, int):
+            k, v = k[:, :, :keys], v[:, :, :keys]
+        else:
+            k, v = k.index_select(2, keys), v.index_select(2, keys)
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.n_kv_head != self.n_head)
 
 
