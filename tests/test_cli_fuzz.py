@@ -112,6 +112,7 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("serve-max-num-seqs-0", ["serve", "--model", "{model}", "--max_num_seqs", "0"]),
     ("serve-max-model-len-huge", ["serve", "--model", "{model}", "--max_model_len", "99999999"]),
     ("serve-max-model-len-1", ["serve", "--model", "{model}", "--max_model_len", "1"]),
+    ("serve-chunked-prefill-0", ["serve", "--model", "{model}", "--chunked_prefill_size", "0"]),
     # values of the right type that are still wrong: each must be refused with one line
     ("generate-threads-0", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "0"]),
     ("generate-threads-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "-3"]),

@@ -699,6 +699,7 @@ def serve(
     max_queue: int = 64,
     max_num_seqs: int = 16,
     max_model_len: int | None = None,
+    chunked_prefill_size: int | None = None,
     threads: int | None = None,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
@@ -725,6 +726,8 @@ def serve(
             others decode one at a time).
         max_model_len: longest request, prompt plus max_tokens (default: the model's context); the
             batch's KV cache holds --max-num-seqs of them, taken as they fill.
+        chunked_prefill_size: prefill a longer prompt this many tokens per step, between the batch's
+            decoding steps, so that it does not hold the other requests (default: at once).
         threads: CPU threads for torch (default: torch's choice).
     """
     from warpdecode.serve.server import build_server
@@ -739,5 +742,6 @@ def serve(
     name = served_model_name or (package.name if package is not None else model or DEFAULT_MODEL)
     server = build_server(target, tokenizer, model_name=name, method=method or default_method,
                           drafter_options=drafter_options, host=host, port=port, max_queue=max_queue,
-                          max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+                          max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          chunked_prefill_size=chunked_prefill_size)
     server.run()

@@ -35,13 +35,15 @@ def target():
 
 
 def serve(model, schedule: list[tuple[int, list[int]]], *, new_tokens: int, max_rows: int = 8,
-          stop_ids: set[int] | None = None, config: SamplingConfig | None = None) -> list[Row]:
+          stop_ids: set[int] | None = None, config: SamplingConfig | None = None,
+          prefill_chunk: int | None = None) -> list[Row]:
     """Decode `schedule`'s prompts, each queued before the step of its number (0: before the first step)
     and added once a row is free, removing rows as they finish. Returns the rows in schedule order."""
-    batch = ContinuousBatch(model, max_rows=max_rows, max_len=64, stop_ids=stop_ids or set())
+    batch = ContinuousBatch(model, max_rows=max_rows, max_len=64, stop_ids=stop_ids or set(),
+                            prefill_chunk=prefill_chunk)
     rows: dict[int, Row] = {}
     step = 0
-    while len(rows) < len(schedule) or batch.rows:
+    while len(rows) < len(schedule) or batch.rows or batch.filling:
         for i, (when, prompt) in enumerate(schedule):
             if when <= step and i not in rows and batch.free:
                 rows[i] = batch.add(prompt, max_new_tokens=new_tokens, sampler=RecordingSampler(config or SamplingConfig()))
@@ -234,3 +236,26 @@ def test_draft_budget_drafts_where_it_measured_more_tokens_per_second():
     for _ in range(10):
         budget.observe(16, True, tokens=30, seconds=0.060)  # the traffic changed: drafting got cheap
     assert budget.rate(16, True) > budget.rate(16, False) and budget.choose(16, can_draft=True) is True
+
+
+def test_chunked_prefill_interleaves_with_decoding_rows(target, single_thread):
+    """A long prompt is prefilled 4 tokens per step while the decoding rows go on; every row's logits
+    are still the same alone and together (the chunks are the same whatever else runs)."""
+    long_prompt = list(range(1, 30))
+    batch = ContinuousBatch(target, max_rows=4, max_len=64, stop_ids=set(), prefill_chunk=4)
+    short = batch.add(PROMPTS[0], max_new_tokens=20, sampler=Sampler(SamplingConfig()))
+    long = batch.add(long_prompt, max_new_tokens=5, sampler=Sampler(SamplingConfig()))
+    assert long.new == [] and batch.filling == [long] and batch.free == 2
+    steps = 0
+    while not long.new:
+        batch.step()
+        steps += 1
+        assert short.last and len(short.new) == steps + 1  # the decoding row got its token every step
+    assert steps == 8 and long.last == long.new and len(long.new) == 1  # ceil(29 / 4) chunks
+    alone = [serve(target, [(0, p)], new_tokens=10, prefill_chunk=4)[0] for p in PROMPTS]
+    together = serve(target, [(i, p) for i, p in enumerate(PROMPTS)], new_tokens=10, max_rows=3, prefill_chunk=4)
+    for reference, row in zip(alone, together, strict=True):
+        assert row.new == reference.new
+        assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+    unchunked = [serve(target, [(0, p)], new_tokens=10)[0].new for p in PROMPTS]
+    assert [row.new for row in alone] == unchunked  # this model's tokens do not depend on the chunking

@@ -64,7 +64,8 @@ class Gate:
 def serve_in_thread(target, tokenizer, **options) -> Iterator[Served]:
     metrics = ServerMetrics()
     scheduler = Scheduler(target, tokenizer, metrics=metrics, max_queue=options.pop("max_queue", 8),
-                          max_num_seqs=options.pop("max_num_seqs", 8), max_model_len=options.pop("max_model_len", None))
+                          max_num_seqs=options.pop("max_num_seqs", 8), max_model_len=options.pop("max_model_len", None),
+                          chunked_prefill_size=options.pop("chunked_prefill_size", None))
     app = create_app(scheduler, model_name=MODEL_NAME, **options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

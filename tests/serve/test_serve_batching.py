@@ -104,3 +104,13 @@ def test_max_model_len_bounds_a_request(tiny):
         assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
         assert "24 tokens" in response.json()["error"]["message"]
         assert httpx.get(served.url + "/v1/models").json()["data"][0]["max_model_len"] == 24
+
+
+def test_chunked_prefill_answers_equal_the_answers_alone(tiny, single_thread_torch):
+    long = "Write a story about " * 12
+    for served in serve_in_thread(*tiny, max_num_seqs=3, chunked_prefill_size=8):
+        requests = [long, PROMPTS[0], long + "cats", PROMPTS[1]]
+        alone = [complete(served.url, p) for p in requests]
+        with ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda p, url=served.url: complete(url, p), requests))
+        assert [c["text"] for c in together] == [c["text"] for c in alone]

@@ -63,6 +63,8 @@ class Row:
     joined (a request that decoded alone first), and count as generated for the penalties."""
     method: Method | None = None
     """Its speculative method (None: plain decoding)."""
+    filled: int = 0
+    """Prompt tokens prefilled so far, while the prompt is prefilled chunk by chunk."""
     state: DecodeState | None = None
     started: float = field(default_factory=time.perf_counter)
 
@@ -88,9 +90,14 @@ class Row:
 class ContinuousBatch:
     """Decoding of up to `max_rows` requests of up to `max_len` tokens each (prompt + new)."""
 
-    def __init__(self, target: Backbone, *, max_rows: int, max_len: int, stop_ids: set[int]) -> None:
+    def __init__(self, target: Backbone, *, max_rows: int, max_len: int, stop_ids: set[int],
+                 prefill_chunk: int | None = None) -> None:
+        """`prefill_chunk`: prefill a longer prompt this many tokens per step, between the decoding
+        rows' steps, so that it does not hold them for its whole prefill (None: at once, in `add`)."""
         if max_rows < 1:
             raise ConfigError(f"a batch needs at least one row, got max_rows={max_rows}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         target.pack_for_cpu_inference()
         self.target = target
         self.stop_ids = stop_ids
@@ -99,6 +106,10 @@ class ContinuousBatch:
                                        device=target.embed.weight.device, zeroed=False)
         self.rows: list[Row] = []
         """The rows being decoded; row i lives in cache row i."""
+        self.prefill_chunk = prefill_chunk
+        self.filling: list[Row] = []
+        """Rows whose prompt is being prefilled chunk by chunk (the first one, in `_scratch`), in order."""
+        self._scratch: KVCache | None = None
 
     @property
     def max_rows(self) -> int:
@@ -106,7 +117,7 @@ class ContinuousBatch:
 
     @property
     def free(self) -> int:
-        return self.max_rows - len(self.rows)
+        return self.max_rows - len(self.rows) - len(self.filling)
 
     @torch.inference_mode()
     def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler, prompt_len: int | None = None,
@@ -128,24 +139,54 @@ class ContinuousBatch:
         own = len(prompt) if prompt_len is None else prompt_len
         row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=own), prompt_len=own,
                   method=method)
+        if self.prefill_chunk is not None and len(prompt) > self.prefill_chunk:
+            self.filling.append(row)  # `step` prefills it; it has no token yet
+            return row
         slot = len(self.rows)
         self.cache.lengths[slot] = 0
         view = self.cache.rows(slot, slot + 1)
-        device = self.target.embed.weight.device
-        out = self.target(torch.tensor([prompt], device=device), cache=view, logits_slice=slice(-1, None))
+        out = self.target(torch.tensor([prompt], device=self.target.embed.weight.device), cache=view,
+                          logits_slice=slice(-1, None))
         self.cache.set_rows(slot, view)
+        self._begin(row, out.logits[0])
+        return row
+
+    def _begin(self, row: Row, logits: torch.Tensor) -> None:
+        """`row` joins the decoding rows (its prompt is in the next cache row) with its first token,
+        picked from its prompt's last (1, V) logits."""
         self.rows.append(row)
-        first = self._select(row, out.logits[:, -1])
+        first = self._select(row, logits)
+        method = row.method
         if method is not None:
             method.drafter.prepare(self.target)
             method.verifier.prepare(self.target)
-            row.state = DecodeState(self.target, self.cache, list(prompt), own, sampler,
-                                    forward_tokens=torch.tensor(prompt[-1:]), forward_logits=out.logits[0])
+            row.state = DecodeState(self.target, self.cache, list(row.prompt), row.prompt_len, row.sampler,
+                                    forward_tokens=torch.tensor(row.prompt[-1:]), forward_logits=logits)
         row._push([first], self.stop_ids)
         if method is not None and row.state is not None:
             method.drafter.start(row.state)
             method.controller.start(row.state)
         row.stats.time_to_first_token = time.perf_counter() - row.started
+
+    def _fill(self) -> Row | None:
+        """Prefill the next chunk of the first filling row; the row when that ended its prompt."""
+        assert self.prefill_chunk is not None
+        row = self.filling[0]
+        if self._scratch is None:
+            self._scratch = KVCache.for_model(self.target.config, 1, self.max_len, dtype=self.cache.k.dtype,
+                                              device=self.cache.k.device, zeroed=False)
+        scratch = self._scratch
+        if not row.filled:
+            scratch.lengths[0] = 0
+        chunk = row.prompt[row.filled : row.filled + self.prefill_chunk]
+        out = self.target(torch.tensor([chunk], device=self.target.embed.weight.device), cache=scratch,
+                          logits_slice=slice(-1, None))
+        row.filled += len(chunk)
+        if row.filled < len(row.prompt):
+            return None
+        self.filling.pop(0)
+        self.cache.move_row(0, len(self.rows), of=scratch)
+        self._begin(row, out.logits[0])
         return row
 
     @torch.inference_mode()
@@ -153,26 +194,30 @@ class ContinuousBatch:
         """One forward for every row: its pending token and, for a speculative row, its draft tree of at
         most `max_nodes` nodes (None: its controller's budget; 0: no drafts this step). Returns the
         rows, each with this step's tokens in `last`."""
-        if not self.rows:
-            return []
-        if any(row.finish is not None for row in self.rows):
+        for row in self.rows:
+            row.last = []
+        started = self._fill() if self.filling else None
+        decoding = [row for row in self.rows if row is not started]
+        if not decoding:
+            return [] if started is None else [started]
+        if any(row.finish is not None for row in decoding):
             raise ValueError("remove the finished rows before the next step")
-        n = len(self.rows)
+        n = len(decoding)
         view = self.cache.rows(0, n)
         starts = view.lengths.clone()  # (n,)
-        trees = [self._draft(row, int(start), max_nodes) for row, start in zip(self.rows, starts.tolist(), strict=True)]
+        trees = [self._draft(row, int(start), max_nodes) for row, start in zip(decoding, starts.tolist(), strict=True)]
         width = 1 + max(tree.size for tree in trees)
         device = self.target.embed.weight.device
         tokens = torch.zeros(n, width, dtype=torch.int64)  # (n, T) pending, tree, padding
         positions = starts[:, None].repeat(1, width)  # (n, T)
         mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # (n, T, T) padding sees itself only
-        for i, (row, tree, start) in enumerate(zip(self.rows, trees, starts.tolist(), strict=True)):
+        for i, (row, tree, start) in enumerate(zip(decoding, trees, starts.tolist(), strict=True)):
             t, p, m = tree.verify_inputs(row.new[-1], start)
             size = t.shape[1]
             tokens[i, :size], positions[i, :size], mask[i, :size, :size] = t[0], p[0], m[0]
         with batch_invariant():
             out = self.target(tokens.to(device), positions.to(device), view, None if width == 1 else mask.to(device))
-        paths = [self._accept(row, tree, out.logits[i], tokens[i]) for i, (row, tree) in enumerate(zip(self.rows, trees, strict=True))]
+        paths = [self._accept(row, tree, out.logits[i], tokens[i]) for i, (row, tree) in enumerate(zip(decoding, trees, strict=True))]
         longest = max(len(path) for path in paths)
         kept = torch.tensor([path + [0] * (longest - len(path)) for path in paths])  # (n, A) forward indices
         view.commit(starts, kept, torch.tensor([len(path) for path in paths]))
@@ -214,7 +259,11 @@ class ContinuousBatch:
         return [0] + [node + 1 for node in result.path]
 
     def remove(self, row: Row) -> None:
-        """Free `row`'s cache row (the last row moves into it)."""
+        """Free `row`'s cache row (the last row moves into it), or drop it while its prompt is prefilled."""
+        if row in self.filling:
+            self.filling.remove(row)
+            row.filled = 0
+            return
         slot = self.rows.index(row)
         last = len(self.rows) - 1
         if slot != last:

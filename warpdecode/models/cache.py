@@ -179,11 +179,13 @@ class KVCache:
         """Take the lengths of a `rows(first, ...)` view after a forward through it."""
         self.lengths[first : first + view.batch] = view.lengths
 
-    def move_row(self, source: int, target: int) -> None:
-        """Copy row `source`'s valid positions into row `target` (which then holds them); `source` keeps its copy."""
-        n = int(self.lengths[source])
-        self.k[:, target, :, :n] = self.k[:, source, :, :n]
-        self.v[:, target, :, :n] = self.v[:, source, :, :n]
+    def move_row(self, source: int, target: int, *, of: KVCache | None = None) -> None:
+        """Copy row `source`'s valid positions (of cache `of`, default this one) into row `target`,
+        which then holds them; `source` keeps its copy."""
+        origin = self if of is None else of
+        n = int(origin.lengths[source])
+        self.k[:, target, :, :n] = origin.k[:, source, :, :n]
+        self.v[:, target, :, :n] = origin.v[:, source, :, :n]
         self.lengths[target] = n
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -139,7 +139,7 @@ class _Output:
 class Scheduler:
     def __init__(self, target: Backbone, tokenizer: Tokenizer, *, metrics: ServerMetrics, max_queue: int = 64,
                  drafter_options: dict[str, dict] | None = None, max_num_seqs: int = 8,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, chunked_prefill_size: int | None = None) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         if max_num_seqs < 1:
@@ -151,6 +151,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs if target.supports_continuous_batching else 1
         self.max_model_len = min(max_model_len or target.config.max_seq_len, target.config.max_seq_len)
         """Longest request (prompt + max_tokens); the batch's cache holds `max_num_seqs` of them."""
+        self.chunked_prefill_size = chunked_prefill_size
+        """Prefill a longer prompt this many tokens per step, between the batch's steps (None: at once)."""
         self.drafter_options = drafter_options or {}
         self.stop_ids = stop_token_ids(target, tokenizer)
         self._jobs: deque[Job] = deque()
@@ -301,7 +303,7 @@ class Scheduler:
         carries its tokens (re-read by one prefill)."""
         if self._batch is None:
             self._batch = ContinuousBatch(self.target, max_rows=self.max_num_seqs, max_len=self.max_model_len,
-                                          stop_ids=self.stop_ids)
+                                          stop_ids=self.stop_ids, prefill_chunk=self.chunked_prefill_size)
         done = output.produced
         self.metrics.batch_size.set(len(self._rows) + 1)  # its prefill counts
         row = self._batch.add(job.ids + done, max_new_tokens=job.max_tokens - len(done), sampler=sampler,
@@ -338,6 +340,8 @@ class Scheduler:
     def _emit_token(self, row: Row) -> None:
         """Hand `row`'s newest token to its job; end the job when the row or its output is done."""
         _, output = self._rows[row]
+        if not row.last:  # its prompt is still being prefilled
+            return
         going = output.push(row.last)
         if row.finish is not None or not going:
             output.finish(eos=row.finish == "eos")
