@@ -131,8 +131,9 @@ def run(
         stats.accepted_per_step.append(len(result.path))
         stats.proposed_per_step.append(result.proposed)
         stats.divergent_tokens += result.divergent
-        method.drafter.observe(state, result)
-        method.controller.observe(result)
+        if constraint is None or not constraint.done:  # a grammar's stop token may end the request inside the path
+            method.drafter.observe(state, result)
+            method.controller.observe(result)
         stats.draft_seconds += (t1 - t0) + (time.perf_counter() - t2)
         stats.target_seconds += t2 - t1
         if on_tokens is not None:  # the caller's streaming time counts in neither
