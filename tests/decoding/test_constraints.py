@@ -177,3 +177,12 @@ def test_text_format_and_refusals(target, tokenizer):
         generate(target, None, [5], max_new_tokens=4, response_format=FORMATS["regex"])
     with pytest.raises(CapabilityError, match="device step"):
         generate(target, tokenizer, [5], max_new_tokens=4, response_format=FORMATS["regex"], device_step=True)
+
+
+def test_cli_choice(tiny_model_dir, capsys):
+    from warpdecode.cli import main
+
+    main(["generate", "--model", str(tiny_model_dir), "--prompt", "hi", "--choice", "yes,no", "--max_new_tokens", "8",
+          "--json", "--threads", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] in ("yes", "no") and out["finish_reason"] == "eos"
