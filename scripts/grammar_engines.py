@@ -27,6 +27,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string"}},
         "required": ["name", "age", "email"],
+        "additionalProperties": False,
     },
     "order": {
         "type": "object",
@@ -35,11 +36,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "status": {"enum": ["pending", "shipped", "delivered"]},
             "items": {"type": "array", "items": {
                 "type": "object",
-                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}, "price": {"type": "number"}},
-                "required": ["sku", "qty", "price"]}},
+                "properties": {"sku": {"type": "string", "maxLength": 12}, "qty": {"type": "integer"}, "price": {"type": "number"}},
+                "required": ["sku", "qty", "price"], "additionalProperties": False}, "maxItems": 3},
             "paid": {"type": "boolean"},
         },
         "required": ["id", "status", "items", "paid"],
+        "additionalProperties": False,
     },
     "event": {
         "type": "object",
@@ -50,6 +52,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "priority": {"type": "integer", "minimum": 1, "maximum": 5},
         },
         "required": ["date", "title", "attendees", "priority"],
+        "additionalProperties": False,
     },
 }
 INSTANCES: dict[str, Any] = {

@@ -152,6 +152,18 @@ def test_forbidden_drafts_are_cut_before_the_forward(tokenizer):
     assert masks[2].nonzero().flatten().tolist() == [0]  # after "ab": only EOS
 
 
+def test_jump_forward_extends_the_leaves(tokenizer):
+    """A choice left with one option: the drafted "a" is extended by the forced rest and the stop token."""
+    grammar = compile_response_format({"type": "choice", "choices": ["abc", "xy"]}, tokenizer, vocab_size=64,
+                                      stop_ids={0})
+    hook = ConstrainedDecoding(grammar.state())
+    a, b, c = (tokenizer.encode(x)[0] for x in "abc")
+    assert hook.shape(DraftTree.chain([a]), 8).tokens.tolist() == [a, b, c, 0]
+    assert hook.shape(DraftTree.chain([a]), 2).tokens.tolist() == [a, b]  # within the budget
+    masks = unpack_mask(hook.rows, 64)
+    assert [m.nonzero().flatten().tolist() for m in masks] == [sorted([a, tokenizer.encode("x")[0]]), [b], [c]]
+
+
 @pytest.mark.parametrize(("response_format", "message"), [
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}, "Invalid type"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}}}, "Unimplemented keys"),
