@@ -2,6 +2,7 @@
 always inside the grammar, the constrained distribution when sampling, and one-line errors."""
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -103,7 +104,8 @@ def test_outputs_are_valid(target, tokenizer, seed, name):
     """Sampled and greedy outputs that finish are valid instances; 'length' is the only other finish."""
     options = {"layers": 1, "num_tokens": 3} if name == "draft_model" else {}
     for fmt, check in (("json_schema", lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
-                       ("choice", lambda text: text in FORMATS["choice"]["choices"])):
+                       ("choice", lambda text: text in FORMATS["choice"]["choices"]),
+                       ("regex", lambda text: re.fullmatch(FORMATS["regex"]["regex"], text) is not None)):
         out = generate(target, tokenizer, tokenizer.encode(PROMPTS[0]), max_new_tokens=60, response_format=FORMATS[fmt],
                        do_sample=seed > 0, temperature=2.0, seed=seed, method=build_method(name, do_sample=seed > 0,
                                                                                          options=options))
@@ -198,3 +200,26 @@ def test_cli_choice(tiny_model_dir, capsys):
           "--json", "--threads", "1"])
     out = json.loads(capsys.readouterr().out)
     assert out["text"] in ("yes", "no") and out["finish_reason"] == "eos"
+
+
+def test_gbnf_grammar_is_read(target, tokenizer):
+    out = generate(target, tokenizer, [5, 6], max_new_tokens=8, response_format={"type": "grammar",
+                                                                                  "grammar": 'root ::= "x" | "yz"'})
+    assert out.text in ("x", "yz") and out.finish_reason == "eos"
+
+
+@pytest.mark.slow
+def test_real_model_json_with_prompt_lookup_and_jump_forward(smollm2):
+    """On the default model's 49k byte-level vocabulary: the same valid JSON, in fewer forwards."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer", "minimum": 0}},
+              "required": ["city", "population"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    prompt = "Name a big city and its population as JSON."
+    plain = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=40, response_format=rf,
+                     jump_forward=False)
+    fast = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=40, response_format=rf,
+                    method="prompt_lookup")
+    assert fast.token_ids == plain.token_ids and plain.finish_reason == "eos"
+    jsonschema.validate(json.loads(plain.text), schema)
+    assert fast.stats.target_forwards < plain.stats.target_forwards
