@@ -23,14 +23,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from warpdecode.decoding.constraints.formats import compile_response_format
-from warpdecode.decoding.constraints.llguidance_matcher import Grammar
-from warpdecode.decoding.generate import prompt_ids, stop_token_ids
+from warpdecode.decoding.generate import prompt_ids
 from warpdecode.decoding.sampler import SamplingConfig
 from warpdecode.decoding.specs import MethodSpec, parse_method
 from warpdecode.errors import WarpdecodeError, one_line
-from warpdecode.models.backbone import Backbone
-from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.serve.metrics import ServerMetrics
 from warpdecode.serve.protocol import (
     ApiError,
@@ -87,7 +83,6 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
     context = target.config.max_seq_len
     created = int(time.time())
     _spec(default_method, scheduler)  # a bad --method is refused before the server listens
-    compile_format = _grammar_of(target, tokenizer)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -192,15 +187,13 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         except WarpdecodeError as error:
             raise bad_request(one_line(error)) from None
         spec = _spec(req.speculation or default_method, scheduler)
-        response_format = req.response_format if isinstance(req, ChatCompletionRequest) else None
-        grammar = None if response_format is None else await run_in_threadpool(compile_format, response_format)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
         def emit(event: Event) -> None:  # called from the scheduler's thread
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = Job(ids, max_tokens, sampling, spec, req.stops(), emit, grammar=grammar)
+        job = Job(ids, max_tokens, sampling, spec, req.stops(), emit)
         scheduler.submit(job)
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": model_name}
@@ -242,19 +235,6 @@ def _prompt_ids(encode: Callable[[], list[int]], param: str) -> list[int]:
     except WarpdecodeError as error:
         code = "context_length_exceeded" if "context" in str(error) else None
         raise bad_request(one_line(error), param, code) from None
-
-
-def _grammar_of(target: Backbone, tokenizer: Tokenizer) -> Callable[[dict[str, Any]], Grammar | None]:
-    """The compiler of a chat request's `response_format` for this model: a bad one is a 400."""
-
-    def compile_format(response_format: dict[str, Any]) -> Grammar | None:
-        try:
-            return compile_response_format(response_format, tokenizer, vocab_size=target.config.vocab_size,
-                                           stop_ids=stop_token_ids(target, tokenizer))
-        except WarpdecodeError as error:
-            raise bad_request(f"response_format: {one_line(error)}", "response_format") from None
-
-    return compile_format
 
 
 def _spec(text: str, scheduler: Scheduler) -> MethodSpec:

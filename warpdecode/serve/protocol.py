@@ -6,8 +6,7 @@ that the server accepts but cannot honour yet (`n` > 1, `logprobs`, `echo`, tool
 name rather than ignored, so a client never gets an answer to a question it did not ask.
 
 Extension field: `speculation`, a method spec `NAME[:KEY=VALUE...]` (decoding/specs.py), picks the
-decoding method of one request; the server's `--method` is the default. A chat request's
-`response_format` also takes warpdecode's `regex`, `grammar` and `choice` types (docs/structured-output.md).
+decoding method of one request; the server's `--method` is the default.
 """
 
 from __future__ import annotations
@@ -137,15 +136,17 @@ class CompletionRequest(_Sampling):
         return prompt  # type: ignore[return-value]
 
 
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    """OpenAI's `text`, `json_object`, `json_schema`, or warpdecode's `regex`, `grammar`, `choice`
-    (decoding/constraints/formats.py); checked when the request is compiled."""
+    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from warpdecode.decoding.constraints.llguidance_matcher import Grammar
-from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -67,8 +65,6 @@ class Job:
     emit: Callable[[Event], None]
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    grammar: Grammar | None = None
-    """The compiled `response_format` the output must follow (None: unconstrained)."""
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -192,9 +188,8 @@ class Scheduler:
         metrics.prompt_tokens.inc(len(job.ids))
         reason: Literal["stop", "length"] = "stop"
         try:
-            constraint = None if job.grammar is None else ConstrainedDecoding(job.grammar.state())
             _, finish, stats = run(self.target, job.ids, method, sampler, max_new_tokens=job.max_tokens,
-                                   stop_ids=self.stop_ids, on_tokens=on_tokens, constraint=constraint)
+                                   stop_ids=self.stop_ids, on_tokens=on_tokens)
         except _Stop:
             if job.cancelled.is_set():
                 metrics.finished.labels("cancelled").inc()
