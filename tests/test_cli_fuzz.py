@@ -109,6 +109,9 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("serve-method-list", ["serve", "--model", "{model}", "--method", "none,prompt_lookup"]),
     ("serve-backend", ["serve", "--model", "{model}", "--backend", "bogus"]),
     ("serve-threads-0", ["serve", "--model", "{model}", "--threads", "0"]),
+    ("serve-max-num-seqs-0", ["serve", "--model", "{model}", "--max_num_seqs", "0"]),
+    ("serve-max-model-len-huge", ["serve", "--model", "{model}", "--max_model_len", "99999999"]),
+    ("serve-max-model-len-1", ["serve", "--model", "{model}", "--max_model_len", "1"]),
     # values of the right type that are still wrong: each must be refused with one line
     ("generate-threads-0", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "0"]),
     ("generate-threads-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "-3"]),

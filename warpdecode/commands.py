@@ -739,6 +739,8 @@ def serve(
     port: int = 8000,
     served_model_name: str | None = None,
     max_queue: int = 64,
+    max_num_seqs: int = 16,
+    max_model_len: int | None = None,
     threads: int | None = None,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
@@ -760,7 +762,11 @@ def serve(
         port: TCP port to listen on.
         served_model_name: the model id clients name in requests (default: --model, the package's
             folder name, or the default model's name).
-        max_queue: requests accepted beyond the one decoding; more are answered 429 with Retry-After.
+        max_queue: requests accepted beyond those decoding; more are answered 429 with Retry-After.
+        max_num_seqs: requests decoded together in one batch (continuous batching; the PyTorch backend,
+            others decode one at a time).
+        max_model_len: longest request, prompt plus max_tokens (default: the model's context); the
+            batch's KV cache holds --max-num-seqs of them, taken as they fill.
         threads: CPU threads for torch (default: torch's choice).
     """
     from warpdecode.serve.server import build_server
@@ -774,5 +780,6 @@ def serve(
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
     name = served_model_name or (package.name if package is not None else model or DEFAULT_MODEL)
     server = build_server(target, tokenizer, model_name=name, method=method or default_method,
-                          drafter_options=drafter_options, host=host, port=port, max_queue=max_queue)
+                          drafter_options=drafter_options, host=host, port=port, max_queue=max_queue,
+                          max_num_seqs=max_num_seqs, max_model_len=max_model_len)
     server.run()

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.invariance import is_batch_invariant
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.models.backbone import BackboneOutput
@@ -177,7 +178,9 @@ class Attention(nn.Module):
             assert ctx.plan is not None
             k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
         gqa = self.n_kv_head != self.n_head
-        if self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
+        if ctx.plan is not None and (B > 1 or T > 1) and is_batch_invariant():
+            y = self._invariant(q, k, v, ctx)  # (B, H, T, D)
+        elif self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
             y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, None if ctx.mask is None else ctx.mask[0, 0, i])
                            for i in range(T)], dim=2)  # (1, H, T, D)
         else:
@@ -185,6 +188,22 @@ class Attention(nn.Module):
                                                enable_gqa=gqa)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
+
+    def _invariant(self, q: Tensor, k: Tensor, v: Tensor, ctx: LayerContext) -> Tensor:
+        """Every query of every row over exactly the keys it sees, in cache order (`batch_invariant()`):
+        what that position computes alone in a one-token step, whatever else the forward holds.
+        q: (B, H, T, D); k, v: (B, Hkv, S_used, D). Returns (B, H, T, D)."""
+        B, _, T, _ = q.shape
+        gqa = self.n_kv_head != self.n_head
+        if T == 1:
+            assert ctx.plan is not None
+            lengths = (ctx.plan.start + 1).tolist()  # each row's keys: its cache and the new token
+            return torch.cat([F.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
+                                                             enable_gqa=gqa) for b, n in enumerate(lengths)])
+        if ctx.mask is None:
+            raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
+        return torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], ctx.mask[b, 0, i])
+                                     for i in range(T)], dim=2) for b in range(B)])
 
     def _one_row(self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None) -> Tensor:
         """One query row over exactly the keys it sees, in cache order and unmasked, as a one-token step
@@ -240,6 +259,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    supports_continuous_batching: ClassVar[bool] = True
     inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
     _head_packed: PackedWeight | None = None  # packed tied LM head, see `pack_for_cpu_inference`
 
