@@ -85,6 +85,11 @@ def generate(
     controller_options: dict[str, Any] | None = None,
     json_output: bool = False,
     threads: int | None = None,
+    json_schema: Path | None = None,
+    regex: str | None = None,
+    grammar: Path | None = None,
+    choice: str | None = None,
+    jump_forward: bool = True,
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
@@ -142,6 +147,12 @@ def generate(
         controller_options: deprecated: the controller's options as JSON; write --controller NAME:KEY=VALUE.
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
+        json_schema: constrain the output to JSON valid against the JSON Schema in this file (compact
+            JSON; docs/structured-output.md). At most one of --json-schema, --regex, --grammar, --choice.
+        regex: constrain the output to match this regular expression.
+        grammar: constrain the output to the Lark grammar (or GBNF) in this file.
+        choice: constrain the output to one of these comma-separated strings.
+        jump_forward: draft the tokens a constraint forces (free draft tokens; the output is the same).
     """
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
@@ -152,8 +163,11 @@ def generate(
     _check_threads(threads)
     if threads is not None:
         torch.set_num_threads(threads)
+    response_format = _response_format(json_schema, regex, grammar, choice)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
     if not target.config.causal:
+        if response_format is not None:
+            raise ConfigError("a diffusion LM does not take --json-schema / --regex / --grammar / --choice yet")
         if top_k is not None or top_p is not None or min_p is not None or typical_p is not None:
             raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -188,6 +202,8 @@ def generate(
         chat=chat,
         method=built,
         streamer=None if json_output else stream,
+        response_format=response_format,
+        jump_forward=jump_forward,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
@@ -197,6 +213,32 @@ def generate(
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _response_format(json_schema: Path | None, regex: str | None, grammar: Path | None,
+                     choice: str | None) -> dict[str, Any] | None:
+    """`generate`'s response_format from the constraint flags (None: none given)."""
+    from warpdecode.errors import ConfigError
+
+    given = [flag for flag, value in (("--json-schema", json_schema), ("--regex", regex), ("--grammar", grammar),
+                                      ("--choice", choice)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give one constraint, got {' and '.join(given)}")
+    if choice is not None:
+        return {"type": "choice", "choices": [c.strip() for c in choice.split(",")]}
+    if regex is not None:
+        return {"type": "regex", "regex": regex}
+    for flag, path in (("--json-schema", json_schema), ("--grammar", grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text()
+            if flag == "--grammar":
+                return {"type": "grammar", "grammar": text}
+            return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": json.loads(text)}}
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise ConfigError(f"{flag} {path}: cannot read it: {' '.join(str(error).split())[:200]}") from None
+    return None
 
 
 def _deprecated(flag: str, instead: str) -> str:

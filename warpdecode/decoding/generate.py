@@ -4,8 +4,8 @@ registry, and runs the one draft→verify loop in `engine.py` (plain decoding is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
@@ -14,6 +14,9 @@ from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 
 __all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
 
@@ -133,6 +136,8 @@ def generate(
     method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
     device_step: bool = False,
+    response_format: Mapping[str, Any] | None = None,
+    jump_forward: bool = True,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -145,6 +150,15 @@ def generate(
     template's, or else the model's BOS token (`prompt_ids`); a `ConfigError` says so otherwise.
     `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
     methods whose drafter has a device form.
+
+    `response_format` constrains the output, in OpenAI's shape (`{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}`, `{"type": "json_object"}`) or warpdecode's (`{"type": "regex",
+    "regex": ...}`, `{"type": "grammar", "grammar": LARK}`, `{"type": "choice", "choices": [...]}`);
+    every method composes with it and the lossless ones stay exact against the constrained
+    distribution. The output ends with the tokenizer's EOS once the grammar is complete (finish
+    reason "eos", even with `stop_at_eos=False`); "length" means the budget ran out first and the
+    text may be incomplete. `jump_forward` drafts the tokens the grammar forces
+    (docs/structured-output.md).
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -161,6 +175,9 @@ def generate(
         streamer(stream.push(tokens))
 
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
+    constraint = _constraint(model, tokenizer, response_format, jump_forward)
+    if constraint is not None and (device_step or built.device_step):
+        raise CapabilityError("the device step does not take a response_format; use the engine's loop")
     if device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
@@ -174,10 +191,23 @@ def generate(
                                         on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
-                                 on_tokens=on_tokens if stream is not None else None)
+                                 on_tokens=on_tokens if stream is not None else None, constraint=constraint)
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
     return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)
+
+
+def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,
+                jump_forward: bool) -> ConstrainedDecoding | None:
+    """The engine's grammar hook for `response_format` (None: unconstrained)."""
+    if response_format is None:
+        return None
+    from warpdecode.decoding.constraints.formats import compile_response_format
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
+
+    grammar = compile_response_format(response_format, tokenizer, vocab_size=model.config.vocab_size,
+                                      stop_ids=stop_token_ids(model, tokenizer))
+    return None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
 
 
 def generate_batch(
