@@ -4,8 +4,8 @@ registry, and runs the one draft→verify loop in `engine.py` (plain decoding is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
@@ -16,6 +16,9 @@ from warpdecode.decoding.search.protocols import SearchStrategy
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 
 __all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
 
@@ -135,6 +138,8 @@ def generate(
     method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
     device_step: bool = False,
+    response_format: Mapping[str, Any] | None = None,
+    jump_forward: bool = True,
     num_beams: int = 1,
     num_return_sequences: int = 1,
     length_penalty: float = 1.0,
@@ -156,6 +161,15 @@ def generate(
     `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
     methods whose drafter has a device form.
 
+    `response_format` constrains the output, in OpenAI's shape (`{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}`, `{"type": "json_object"}`) or warpdecode's (`{"type": "regex",
+    "regex": ...}`, `{"type": "grammar", "grammar": LARK}`, `{"type": "choice", "choices": [...]}`);
+    every method composes with it and the lossless ones stay exact against the constrained
+    distribution. The output ends with the tokenizer's EOS once the grammar is complete (finish
+    reason "eos", even with `stop_at_eos=False`); "length" means the budget ran out first and the
+    text may be incomplete. `jump_forward` drafts the tokens the grammar forces
+    (docs/structured-output.md).
+
     Several candidates (docs/search.md): `num_beams` > 1 runs beam search (`num_beam_groups` > 1: diverse
     beam search), `num_return_sequences` > 1 with sampling n samples, with Hugging Face's options; or
     `search` runs a built search strategy (`registry.build("search", ...)`: best-of-N, First Finish
@@ -173,8 +187,8 @@ def generate(
         length_penalty=length_penalty, early_stopping=early_stopping, no_repeat_ngram_size=no_repeat_ngram_size,
         num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty)
     if strategy is not None:
-        if device_step:
-            raise CapabilityError("the device step runs single-sequence greedy decoding, not a search")
+        if device_step or response_format is not None:
+            raise CapabilityError("a search takes no device step and no response_format (not built yet)")
         return generate_search(model, tokenizer, ids, strategy, sampler, max_new_tokens=max_new_tokens, budget=budget,
                                stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set(),
                                drafter=method if isinstance(method, str) else method.drafter.name, streamer=streamer)
@@ -186,6 +200,9 @@ def generate(
         streamer(stream.push(tokens))
 
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
+    constraint = _constraint(model, tokenizer, response_format, jump_forward)
+    if constraint is not None and (device_step or built.device_step):
+        raise CapabilityError("the device step does not take a response_format; use the engine's loop")
     if device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
@@ -199,10 +216,23 @@ def generate(
                                         on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
-                                 on_tokens=on_tokens if stream is not None else None)
+                                 on_tokens=on_tokens if stream is not None else None, constraint=constraint)
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
     return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)
+
+
+def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,
+                jump_forward: bool) -> ConstrainedDecoding | None:
+    """The engine's grammar hook for `response_format` (None: unconstrained)."""
+    if response_format is None:
+        return None
+    from warpdecode.decoding.constraints.formats import compile_response_format
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
+
+    grammar = compile_response_format(response_format, tokenizer, vocab_size=model.config.vocab_size,
+                                      stop_ids=stop_token_ids(model, tokenizer))
+    return None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
 
 
 def generate_batch(
