@@ -44,8 +44,13 @@ def run(
     max_new_tokens: int,
     stop_ids: set[int],
     on_tokens: Callable[[list[int]], None] | None = None,
+    stop_check: Callable[[list[int]], int | None] | None = None,
 ) -> tuple[list[int], FinishReason, DecodeStats]:
-    """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget."""
+    """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget.
+
+    `stop_check` (stop strings, `StopStrings.check`) sees each batch of emitted tokens before
+    `on_tokens` and returns how many of them to keep when generation ends inside them (finish "stop").
+    """
     device = target.embed.weight.device
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)
@@ -64,6 +69,7 @@ def run(
     pending = int(sampler.select(logits)[0])
     stats.time_to_first_token = time.perf_counter() - start
     new = [pending]
+    stopped = stop_check is not None and stop_check(new) is not None
     state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
                         {k: v[0] for k, v in out.hidden_states.items()}, torch.tensor(prompt_ids[-1:]), out.logits[0])
     if on_tokens is not None:
@@ -72,7 +78,7 @@ def run(
     method.controller.start(state)
 
     finish: FinishReason = "length"
-    while pending not in stop_ids and len(new) < max_new_tokens:
+    while not stopped and pending not in stop_ids and len(new) < max_new_tokens:
         if cache.max_len - int(cache.lengths[0]) < 1:
             finish = "context"
             break
@@ -105,6 +111,8 @@ def run(
             if token in stop_ids:
                 emitted = emitted[: i + 1]
                 break
+        if stop_check is not None and (keep := stop_check(emitted)) is not None:
+            emitted, stopped = emitted[:keep], True
         state.tokens.extend(emitted)
         new.extend(emitted)
         pending = emitted[-1]
@@ -118,7 +126,9 @@ def run(
         stats.target_seconds += t2 - t1
         if on_tokens is not None:  # the caller's streaming time counts in neither
             on_tokens(emitted)
-    if pending in stop_ids:
+    if stopped:
+        finish = "stop"
+    elif pending in stop_ids:
         finish = "eos"
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = len(new)

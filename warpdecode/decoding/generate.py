@@ -4,13 +4,15 @@ registry, and runs the one draft→verify loop in `engine.py` (plain decoding is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
+from warpdecode.decoding.hooks import LogitsHooks, LogitsProcessorFn
 from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.decoding.stop_strings import StopMatcher, StopStrings, stop_tuple
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
@@ -133,6 +135,12 @@ def generate(
     method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
     device_step: bool = False,
+    logits_processor: Sequence[LogitsProcessorFn] | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    bad_words_ids: Sequence[Sequence[int]] | None = None,
+    sequence_bias: Mapping[tuple[int, ...], float] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -145,39 +153,70 @@ def generate(
     template's, or else the model's BOS token (`prompt_ids`); a `ConfigError` says so otherwise.
     `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
     methods whose drafter has a device form.
+
+    Hooks (docs/decoding-rules.md), with Hugging Face's names and semantics: `logits_processor`,
+    callables `(input_ids (1, T) int64, scores (1, V) float32) -> scores` applied after the penalties
+    (with every speculative method, each tree row gets its own `input_ids`, so lossless methods stay
+    exact); `bad_words_ids` (token-id sequences never generated); `sequence_bias` (token-id tuple →
+    bias added to its last token's logit after the rest of the tuple); `eos_token_id` (the stop
+    tokens, instead of the model's). `stop` (OpenAI's name; `stop_strings` is Hugging Face's) ends
+    generation at the first stop string in the generated text, finish reason "stop": `token_ids` end
+    with the token that completes it, `text` ends before it, and nothing from it on is streamed.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     config = SamplingConfig(do_sample, temperature, top_k, top_p, seed, min_p, typical_p, repetition_penalty,
                             frequency_penalty, presence_penalty)
-    sampler = Sampler(config, device=model.embed.weight.device)
+    stops = set(_as_ids(eos_token_id)) if eos_token_id is not None else stop_token_ids(model, tokenizer)
+    stops = stops if stop_at_eos else set()
+    hooks = LogitsHooks(tuple(logits_processor or ()), sequence_bias, bad_words_ids, tuple(sorted(stops)))
+    sampler = Sampler(config, device=model.embed.weight.device, hooks=hooks)
     ids = prompt_ids(model, tokenizer, prompt, chat=chat)
+    texts = stop_tuple(stop) + stop_tuple(stop_strings)
+    if texts and tokenizer is None:
+        raise ConfigError("stop strings need a tokenizer (the prompt was token ids without one)")
+    stop_check = StopStrings(tokenizer, texts) if texts and tokenizer is not None else None
+    matcher = StopMatcher(texts)  # holds back streamed text that may start a stop string
     built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     budget = min(max_new_tokens, model.config.max_seq_len - len(ids))
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
 
     def on_tokens(tokens: list[int]) -> None:
         assert stream is not None and streamer is not None
-        streamer(stream.push(tokens))
+        streamer(matcher.push(stream.push(tokens)))
 
-    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
     if device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
 
         _check_device_step(built, do_sample)
         controller = cast(FixedBudget, built.controller)
-        if sampler.penalties:
-            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
+        if sampler.penalties or stop_check is not None:
+            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties, "
+                                  "logits hooks or stop strings")
         new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
                                         max_nodes=min(built.max_tree_nodes, controller.max_nodes),
                                         on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
-                                 on_tokens=on_tokens if stream is not None else None)
+                                 on_tokens=on_tokens if stream is not None else None,
+                                 stop_check=stop_check.check if stop_check is not None else None)
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
-    return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)
+    answer = StopMatcher(texts)
+    text = answer.push(tokenizer.decode(new)) + answer.flush() if tokenizer else ""
+    if stream is not None and streamer is not None:  # what the stream still holds back: a cut character, a stop's start
+        tail = matcher.push(stream.tokenizer.decode(stream.ids)[len(stream.emitted) :]) + matcher.flush()
+        if tail:
+            streamer(tail)
+    return GenerateOutput(token_ids=new, text=text, finish_reason=finish, stats=stats)
+
+
+def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ConfigError(f"eos_token_id must be a token id >= 0 or a list of them, got {eos_token_id!r}")
+    return ids
 
 
 def generate_batch(
