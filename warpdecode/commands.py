@@ -83,6 +83,9 @@ def generate(
     verifier_options: dict[str, Any] | None = None,
     controller: str | None = None,
     controller_options: dict[str, Any] | None = None,
+    stop: str | list[str] | None = None,
+    bad_words: str | list[str] | None = None,
+    eos_token_id: int | list[int] | None = None,
     json_output: bool = False,
     threads: int | None = None,
 ) -> None:
@@ -140,6 +143,13 @@ def generate(
         controller: draft budget per step NAME[:KEY=VALUE...]: fixed (the default), or adaptive
             (grows while drafts are accepted), e.g. adaptive:initial=4.
         controller_options: deprecated: the controller's options as JSON; write --controller NAME:KEY=VALUE.
+        stop: stop string: generation ends at its first occurrence in the generated text, which is
+            printed up to it, not including it (OpenAI's rule). Several: a JSON list, --stop
+            '["END", "\\n\\n"]' (escapes such as \\n are read inside the list), or --stop+ A --stop+ B.
+        bad_words: words never generated, comma-separated (or a JSON list): each is forbidden as its
+            tokens as written and with a leading space (how a word appears mid-sentence).
+        eos_token_id: the token id(s) that end generation instead of the model's EOS tokens (a JSON
+            list for several).
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
     """
@@ -188,6 +198,9 @@ def generate(
         chat=chat,
         method=built,
         streamer=None if json_output else stream,
+        stop=stop,
+        bad_words_ids=_bad_words_ids(tokenizer, bad_words) if bad_words is not None else None,
+        eos_token_id=eos_token_id,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
@@ -197,6 +210,21 @@ def generate(
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _bad_words_ids(tokenizer: Tokenizer | None, words: str | list[str]) -> list[list[int]]:
+    """The token sequences of `--bad-words`: each word as written and after a space, without duplicates."""
+    from warpdecode.errors import ConfigError
+
+    items = [w.strip() for w in (words.split(",") if isinstance(words, str) else words)]
+    if tokenizer is None or not all(items):
+        raise ConfigError(f"--bad-words needs a model with a tokenizer and non-empty words, got {words!r}")
+    out: list[list[int]] = []
+    for word in items:
+        for ids in (tokenizer.encode(word, add_special_tokens=False), tokenizer.encode(" " + word, add_special_tokens=False)):
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def _deprecated(flag: str, instead: str) -> str:
