@@ -154,3 +154,24 @@ def test_stop_strings_equal_transformers_generate(tiny_pair, prompt, stop):
     ref = hf_generate(hf, ids, 24, eos_token_id=None, stop_strings=stop, tokenizer=hf_tokenizer)
     assert ours.token_ids == ref and len(ref) < 24 and ours.finish_reason == "stop"
     assert ours.text == plain.text[: plain.text.index(stop)]
+
+
+@pytest.mark.slow
+def test_hooks_equal_transformers_generate_on_the_default_model(smollm2, smollm2_transformers):
+    transformers = pytest.importorskip("transformers")
+    tokenizer = smollm2.tokenizer
+    ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}]),
+                           add_special_tokens=False)
+    plain = generate(smollm2.model, tokenizer, ids, max_new_tokens=20)
+    words = [tokenizer.encode(" " + w, add_special_tokens=False) for w in ("red", "blue", "green", "Red")]
+    bias = {tuple(plain.token_ids[:2]): -5.0, (plain.token_ids[3],): -2.0}
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2.directory))
+    stop = plain.text[12:16]
+    for ours, theirs in (
+        ({"bad_words_ids": words}, {"bad_words_ids": words}),
+        ({"sequence_bias": bias}, {"sequence_bias": bias}),
+        ({"stop": stop, "method": "prompt_lookup"}, {"stop_strings": stop, "tokenizer": hf_tokenizer}),
+    ):
+        out = generate(smollm2.model, tokenizer, ids, max_new_tokens=20, **ours)
+        assert out.token_ids == hf_generate(smollm2_transformers, ids, 20, **theirs) != plain.token_ids, ours
+    assert out.text == plain.text[: plain.text.index(stop)] and out.finish_reason == "stop"
