@@ -86,6 +86,7 @@ def generate(
     stop: str | list[str] | None = None,
     bad_words: str | list[str] | None = None,
     eos_token_id: int | list[int] | None = None,
+    penalty_alpha: float | None = None,
     json_output: bool = False,
     threads: int | None = None,
 ) -> None:
@@ -150,6 +151,9 @@ def generate(
             tokens as written and with a leading space (how a word appears mid-sentence).
         eos_token_id: the token id(s) that end generation instead of the model's EOS tokens (a JSON
             list for several).
+        penalty_alpha: contrastive search's degeneration penalty in (0, 1] (Hugging Face's name):
+            greedy over the --top-k most likely tokens, scored (1 - alpha) * probability - alpha *
+            the candidate's largest cosine similarity to earlier hidden states; no --method.
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
     """
@@ -201,6 +205,7 @@ def generate(
         stop=stop,
         bad_words_ids=_bad_words_ids(tokenizer, bad_words) if bad_words is not None else None,
         eos_token_id=eos_token_id,
+        penalty_alpha=penalty_alpha,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,

@@ -11,6 +11,7 @@ from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.hooks import LogitsHooks, LogitsProcessorFn
 from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
+from warpdecode.decoding.rules.protocols import DecodingRule
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.stop_strings import StopMatcher, StopStrings, stop_tuple
 from warpdecode.errors import CapabilityError, ConfigError
@@ -141,6 +142,7 @@ def generate(
     bad_words_ids: Sequence[Sequence[int]] | None = None,
     sequence_bias: Mapping[tuple[int, ...], float] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    penalty_alpha: float | None = None,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -162,6 +164,9 @@ def generate(
     tokens, instead of the model's). `stop` (OpenAI's name; `stop_strings` is Hugging Face's) ends
     generation at the first stop string in the generated text, finish reason "stop": `token_ids` end
     with the token that completes it, `text` ends before it, and nothing from it on is streamed.
+
+    `penalty_alpha` > 0 with `top_k` > 1 runs contrastive search (Hugging Face's rule,
+    `decoding/rules/contrastive.py`) instead of greedy decoding; it takes no speculative method.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -185,7 +190,18 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(matcher.push(stream.push(tokens)))
 
-    if device_step or built.device_step:
+    rule = _rule(penalty_alpha, top_k, do_sample)
+    if rule is not None:
+        from warpdecode.decoding.drafters.empty import EmptyDrafter
+        from warpdecode.decoding.rules.protocols import Emitter
+
+        if not isinstance(built.drafter, EmptyDrafter) or device_step or built.device_step:
+            raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no speculative method "
+                                  f"(got {built.drafter.name!r})")
+        emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
+                          stop_check.check if stop_check is not None else None)
+        new, finish, stats = rule.decode(model, ids, sampler, emitter)
+    elif device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
 
@@ -210,6 +226,15 @@ def generate(
         if tail:
             streamer(tail)
     return GenerateOutput(token_ids=new, text=text, finish_reason=finish, stats=stats)
+
+
+def _rule(penalty_alpha: float | None, top_k: int | None, do_sample: bool) -> DecodingRule | None:
+    """The decoding rule the keywords ask for (None: the engine's loop), refusing half-given ones."""
+    if penalty_alpha is None or penalty_alpha == 0:
+        return None
+    if do_sample:
+        raise ConfigError("--penalty-alpha (contrastive search) chooses greedily: it takes no --temperature")
+    return registry.build("rule", "contrastive", penalty_alpha=penalty_alpha, top_k=top_k or 0)
 
 
 def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:

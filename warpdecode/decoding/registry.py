@@ -21,14 +21,15 @@ from warpdecode.errors import ConfigError
 if TYPE_CHECKING:
     from warpdecode.decoding.diffusion.protocols import CommitPolicy
     from warpdecode.decoding.protocols import Controller, Drafter, Verifier
+    from warpdecode.decoding.rules.protocols import DecodingRule
 
-    Component = Drafter | Verifier | Controller | CommitPolicy
+    Component = Drafter | Verifier | Controller | CommitPolicy | DecodingRule
 
-Kind = Literal["drafter", "verifier", "controller", "commit_policy"]
-KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller", "commit_policy")
+Kind = Literal["drafter", "verifier", "controller", "commit_policy", "rule"]
+KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller", "commit_policy", "rule")
 _PACKAGES = {"drafter": "warpdecode.decoding.drafters", "verifier": "warpdecode.decoding.verifiers",
              "controller": "warpdecode.decoding.controllers",
-             "commit_policy": "warpdecode.decoding.diffusion.policies"}
+             "commit_policy": "warpdecode.decoding.diffusion.policies", "rule": "warpdecode.decoding.rules"}
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 
 T = TypeVar("T", bound=type)
@@ -65,6 +66,8 @@ def get(kind: Literal["verifier"], name: str) -> type[Verifier]: ...
 def get(kind: Literal["controller"], name: str) -> type[Controller]: ...
 @overload
 def get(kind: Literal["commit_policy"], name: str) -> type[CommitPolicy]: ...
+@overload
+def get(kind: Literal["rule"], name: str) -> type[DecodingRule]: ...
 @overload
 def get(kind: Kind, name: str) -> type[Component]: ...
 def get(kind: Kind, name: str) -> type[Component]:
@@ -188,6 +191,8 @@ def build(kind: Literal["verifier"], name: str, **kwargs: Any) -> Verifier: ...
 def build(kind: Literal["controller"], name: str, **kwargs: Any) -> Controller: ...
 @overload
 def build(kind: Literal["commit_policy"], name: str, **kwargs: Any) -> CommitPolicy: ...
+@overload
+def build(kind: Literal["rule"], name: str, **kwargs: Any) -> DecodingRule: ...
 @overload
 def build(kind: Kind, name: str, **kwargs: Any) -> Component: ...
 def build(kind: Kind, name: str, **kwargs: Any) -> Component:
