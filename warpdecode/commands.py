@@ -87,6 +87,9 @@ def generate(
     bad_words: str | list[str] | None = None,
     eos_token_id: int | list[int] | None = None,
     penalty_alpha: float | None = None,
+    mirostat: int = 0,
+    mirostat_tau: float = 5.0,
+    mirostat_eta: float = 0.1,
     json_output: bool = False,
     threads: int | None = None,
 ) -> None:
@@ -154,6 +157,11 @@ def generate(
         penalty_alpha: contrastive search's degeneration penalty in (0, 1] (Hugging Face's name):
             greedy over the --top-k most likely tokens, scored (1 - alpha) * probability - alpha *
             the candidate's largest cosine similarity to earlier hidden states; no --method.
+        mirostat: 1 or 2 samples with llama.cpp's Mirostat v1 / v2 (0: off), steering the sampled
+            tokens' surprise to --mirostat-tau; needs --temperature > 0, replaces the top-k/top-p/
+            min-p/typical filters; no --method.
+        mirostat_tau: Mirostat's target surprise in bits (llama.cpp's default 5.0).
+        mirostat_eta: Mirostat's learning rate (llama.cpp's default 0.1).
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
     """
@@ -206,6 +214,9 @@ def generate(
         bad_words_ids=_bad_words_ids(tokenizer, bad_words) if bad_words is not None else None,
         eos_token_id=eos_token_id,
         penalty_alpha=penalty_alpha,
+        mirostat=mirostat,
+        mirostat_tau=mirostat_tau,
+        mirostat_eta=mirostat_eta,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,

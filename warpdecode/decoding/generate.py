@@ -143,6 +143,9 @@ def generate(
     sequence_bias: Mapping[tuple[int, ...], float] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     penalty_alpha: float | None = None,
+    mirostat: int = 0,
+    mirostat_tau: float = 5.0,
+    mirostat_eta: float = 0.1,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -166,7 +169,9 @@ def generate(
     with the token that completes it, `text` ends before it, and nothing from it on is streamed.
 
     `penalty_alpha` > 0 with `top_k` > 1 runs contrastive search (Hugging Face's rule,
-    `decoding/rules/contrastive.py`) instead of greedy decoding; it takes no speculative method.
+    `decoding/rules/contrastive.py`) instead of greedy decoding; `mirostat` 1 or 2 samples with
+    llama.cpp's Mirostat v1 / v2 (`mirostat_tau`, `mirostat_eta`; `decoding/rules/mirostat.py`) at
+    `temperature`, instead of the top-k / top-p / min-p / typical filters. Neither takes a speculative method.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -190,7 +195,7 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(matcher.push(stream.push(tokens)))
 
-    rule = _rule(penalty_alpha, top_k, do_sample)
+    rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta)
     if rule is not None:
         from warpdecode.decoding.drafters.empty import EmptyDrafter
         from warpdecode.decoding.rules.protocols import Emitter
@@ -228,13 +233,23 @@ def generate(
     return GenerateOutput(token_ids=new, text=text, finish_reason=finish, stats=stats)
 
 
-def _rule(penalty_alpha: float | None, top_k: int | None, do_sample: bool) -> DecodingRule | None:
-    """The decoding rule the keywords ask for (None: the engine's loop), refusing half-given ones."""
+def _rule(config: SamplingConfig, penalty_alpha: float | None, mirostat: int, mirostat_tau: float,
+          mirostat_eta: float) -> DecodingRule | None:
+    """The decoding rule the keywords ask for (None: the engine's loop), refusing combinations that
+    would silently drop an option."""
+    if mirostat:
+        if penalty_alpha:
+            raise ConfigError("choose one of --mirostat and --penalty-alpha (contrastive search)")
+        if not config.do_sample:
+            raise ConfigError("--mirostat samples: give it a --temperature > 0")
+        if config.top_k or config.top_p is not None or config.min_p is not None or config.typical_p is not None:
+            raise ConfigError("--mirostat replaces the --top-k/--top-p/--min-p/--typical-p filters; drop them")
+        return registry.build("rule", "mirostat", version=mirostat, tau=mirostat_tau, eta=mirostat_eta)
     if penalty_alpha is None or penalty_alpha == 0:
         return None
-    if do_sample:
+    if config.do_sample:
         raise ConfigError("--penalty-alpha (contrastive search) chooses greedily: it takes no --temperature")
-    return registry.build("rule", "contrastive", penalty_alpha=penalty_alpha, top_k=top_k or 0)
+    return registry.build("rule", "contrastive", penalty_alpha=penalty_alpha, top_k=config.top_k or 0)
 
 
 def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:
