@@ -92,6 +92,11 @@ def generate(
     mirostat_eta: float = 0.1,
     json_output: bool = False,
     threads: int | None = None,
+    json_schema: Path | None = None,
+    regex: str | None = None,
+    grammar: Path | None = None,
+    choice: str | None = None,
+    jump_forward: bool = True,
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
@@ -164,6 +169,12 @@ def generate(
         mirostat_eta: Mirostat's learning rate (llama.cpp's default 0.1).
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
         threads: CPU threads for torch (default: torch's choice).
+        json_schema: constrain the output to JSON valid against the JSON Schema in this file (compact
+            JSON; docs/structured-output.md). At most one of --json-schema, --regex, --grammar, --choice.
+        regex: constrain the output to match this regular expression.
+        grammar: constrain the output to the Lark grammar (or GBNF) in this file.
+        choice: constrain the output to one of these comma-separated strings.
+        jump_forward: draft the tokens a constraint forces (free draft tokens; the output is the same).
     """
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
@@ -174,8 +185,11 @@ def generate(
     _check_threads(threads)
     if threads is not None:
         torch.set_num_threads(threads)
+    response_format = _response_format(json_schema, regex, grammar, choice)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
     if not target.config.causal:
+        if response_format is not None:
+            raise ConfigError("a diffusion LM does not take --json-schema / --regex / --grammar / --choice yet")
         if top_k is not None or top_p is not None or min_p is not None or typical_p is not None:
             raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -217,6 +231,8 @@ def generate(
         mirostat=mirostat,
         mirostat_tau=mirostat_tau,
         mirostat_eta=mirostat_eta,
+        response_format=response_format,
+        jump_forward=jump_forward,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
@@ -241,6 +257,32 @@ def _bad_words_ids(tokenizer: Tokenizer | None, words: str | list[str]) -> list[
             if ids and ids not in out:
                 out.append(ids)
     return out
+
+
+def _response_format(json_schema: Path | None, regex: str | None, grammar: Path | None,
+                     choice: str | None) -> dict[str, Any] | None:
+    """`generate`'s response_format from the constraint flags (None: none given)."""
+    from warpdecode.errors import ConfigError
+
+    given = [flag for flag, value in (("--json-schema", json_schema), ("--regex", regex), ("--grammar", grammar),
+                                      ("--choice", choice)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give one constraint, got {' and '.join(given)}")
+    if choice is not None:
+        return {"type": "choice", "choices": [c.strip() for c in choice.split(",")]}
+    if regex is not None:
+        return {"type": "regex", "regex": regex}
+    for flag, path in (("--json-schema", json_schema), ("--grammar", grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text()
+            if flag == "--grammar":
+                return {"type": "grammar", "grammar": text}
+            return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": json.loads(text)}}
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise ConfigError(f"{flag} {path}: cannot read it: {' '.join(str(error).split())[:200]}") from None
+    return None
 
 
 def _deprecated(flag: str, instead: str) -> str:
@@ -741,6 +783,9 @@ def serve(
     port: int = 8000,
     served_model_name: str | None = None,
     max_queue: int = 64,
+    max_num_seqs: int = 16,
+    max_model_len: int | None = None,
+    chunked_prefill_size: int | None = None,
     threads: int | None = None,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models,
@@ -762,7 +807,13 @@ def serve(
         port: TCP port to listen on.
         served_model_name: the model id clients name in requests (default: --model, the package's
             folder name, or the default model's name).
-        max_queue: requests accepted beyond the one decoding; more are answered 429 with Retry-After.
+        max_queue: requests accepted beyond those decoding; more are answered 429 with Retry-After.
+        max_num_seqs: requests decoded together in one batch (continuous batching; the PyTorch backend,
+            others decode one at a time).
+        max_model_len: longest request, prompt plus max_tokens (default: the model's context); the
+            batch's KV cache holds --max-num-seqs of them, taken as they fill.
+        chunked_prefill_size: prefill a longer prompt this many tokens per step, between the batch's
+            decoding steps, so that it does not hold the other requests (default: at once).
         threads: CPU threads for torch (default: torch's choice).
     """
     from warpdecode.serve.server import build_server
@@ -776,5 +827,7 @@ def serve(
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
     name = served_model_name or (package.name if package is not None else model or DEFAULT_MODEL)
     server = build_server(target, tokenizer, model_name=name, method=method or default_method,
-                          drafter_options=drafter_options, host=host, port=port, max_queue=max_queue)
+                          drafter_options=drafter_options, host=host, port=port, max_queue=max_queue,
+                          max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          chunked_prefill_size=chunked_prefill_size)
     server.run()

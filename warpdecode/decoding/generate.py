@@ -5,7 +5,7 @@ registry, and runs the one draft→verify loop in `engine.py` (plain decoding is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
@@ -17,6 +17,9 @@ from warpdecode.decoding.stop_strings import StopMatcher, StopStrings, stop_tupl
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 
 __all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
 
@@ -146,6 +149,8 @@ def generate(
     mirostat: int = 0,
     mirostat_tau: float = 5.0,
     mirostat_eta: float = 0.1,
+    response_format: Mapping[str, Any] | None = None,
+    jump_forward: bool = True,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -171,7 +176,17 @@ def generate(
     `penalty_alpha` > 0 with `top_k` > 1 runs contrastive search (Hugging Face's rule,
     `decoding/rules/contrastive.py`) instead of greedy decoding; `mirostat` 1 or 2 samples with
     llama.cpp's Mirostat v1 / v2 (`mirostat_tau`, `mirostat_eta`; `decoding/rules/mirostat.py`) at
-    `temperature`, instead of the top-k / top-p / min-p / typical filters. Neither takes a speculative method.
+    `temperature`, instead of the top-k / top-p / min-p / typical filters. Neither takes a speculative
+    method or a `response_format`.
+
+    `response_format` constrains the output, in OpenAI's shape (`{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}`, `{"type": "json_object"}`) or warpdecode's (`{"type": "regex",
+    "regex": ...}`, `{"type": "grammar", "grammar": LARK}`, `{"type": "choice", "choices": [...]}`);
+    every method composes with it and the lossless ones stay exact against the constrained
+    distribution. The output ends with the tokenizer's EOS once the grammar is complete (finish
+    reason "eos", even with `stop_at_eos=False`); "length" means the budget ran out first and the
+    text may be incomplete. `jump_forward` drafts the tokens the grammar forces
+    (docs/structured-output.md).
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -195,6 +210,9 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(matcher.push(stream.push(tokens)))
 
+    constraint = _constraint(model, tokenizer, response_format, jump_forward)
+    if constraint is not None and (device_step or built.device_step):
+        raise CapabilityError("the device step does not take a response_format; use the engine's loop")
     rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta)
     if rule is not None:
         from warpdecode.decoding.drafters.empty import EmptyDrafter
@@ -203,6 +221,8 @@ def generate(
         if not isinstance(built.drafter, EmptyDrafter) or device_step or built.device_step:
             raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no speculative method "
                                   f"(got {built.drafter.name!r})")
+        if constraint is not None:
+            raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no response_format")
         emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
                           stop_check.check if stop_check is not None else None)
         new, finish, stats = rule.decode(model, ids, sampler, emitter)
@@ -220,7 +240,7 @@ def generate(
                                         on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
-                                 on_tokens=on_tokens if stream is not None else None,
+                                 on_tokens=on_tokens if stream is not None else None, constraint=constraint,
                                  stop_check=stop_check.check if stop_check is not None else None)
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
@@ -257,6 +277,19 @@ def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:
     if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
         raise ConfigError(f"eos_token_id must be a token id >= 0 or a list of them, got {eos_token_id!r}")
     return ids
+
+
+def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,
+                jump_forward: bool) -> ConstrainedDecoding | None:
+    """The engine's grammar hook for `response_format` (None: unconstrained)."""
+    if response_format is None:
+        return None
+    from warpdecode.decoding.constraints.formats import compile_response_format
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
+
+    grammar = compile_response_format(response_format, tokenizer, vocab_size=model.config.vocab_size,
+                                      stop_ids=stop_token_ids(model, tokenizer))
+    return None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
 
 
 def generate_batch(

@@ -80,7 +80,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
     """The server's app around a (not yet started) `scheduler`; its lifespan starts the scheduler and,
     at shutdown, lets it finish the requests it holds."""
     target, tokenizer, metrics = scheduler.target, scheduler.tokenizer, scheduler.metrics
-    context = target.config.max_seq_len
+    context = scheduler.max_model_len
     created = int(time.time())
     _spec(default_method, scheduler)  # a bad --method is refused before the server listens
 
