@@ -76,6 +76,13 @@ def test_equals_the_full_recompute_reference(target, alpha, k):
     assert out.stats.target_forwards == 16
 
 
+def test_runs_to_the_end_of_the_context(target):
+    """The last top_k - 1 slots of the context cannot hold the candidates side by side: one at a time there."""
+    prompt = PROMPT * 25  # 250 of the 256 positions
+    out = generate(target, None, prompt, max_new_tokens=20, stop_at_eos=False, penalty_alpha=0.6, top_k=4)
+    assert out.finish_reason == "context" and out.token_ids == reference(ours_forward(target), prompt, 6, 0.6, 4)
+
+
 def test_differs_from_greedy_and_applies_the_penalties_and_hooks(target):
     transformers = pytest.importorskip("transformers")
     plain = generate(target, None, PROMPT, max_new_tokens=16, stop_at_eos=False).token_ids

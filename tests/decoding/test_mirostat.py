@@ -120,3 +120,9 @@ def test_generate_runs_the_transcription_token_by_token(version, single_thread):
 def test_refusals(kwargs):
     with pytest.raises(ConfigError):
         generate(greedy_target(), None, PROMPT, max_new_tokens=4, **kwargs)
+
+
+def test_runs_to_the_end_of_the_context(single_thread):
+    out = generate(greedy_target(), None, PROMPT * 25, max_new_tokens=20, stop_at_eos=False, do_sample=True, seed=0,
+                   mirostat=1)
+    assert out.finish_reason == "context" and len(out.token_ids) == 6

@@ -58,7 +58,7 @@ class ContrastiveSearch(DecodingRule):
         target.pack_for_cpu_inference()
         layer = target.config.n_layer  # the final normed hidden state, Hugging Face's hidden_states[-1]
         k = min(self.top_k, target.config.vocab_size)
-        cache = target.new_cache(1, len(prompt_ids) + emit.max_new_tokens + k)
+        cache = target.new_cache(1, min(len(prompt_ids) + emit.max_new_tokens + k, target.config.max_seq_len))
         stats = DecodeStats(prompt_tokens=len(prompt_ids))
         start = time.perf_counter()
         out = target(torch.tensor([prompt_ids], device=device), cache=cache, hidden_layers=(layer,),
@@ -71,11 +71,24 @@ class ContrastiveSearch(DecodingRule):
             logits = sampler.penalize(logits, TokenHistory.single(tokens, len(prompt_ids)))
             probs, ids = torch.softmax(logits.float(), dim=-1)[0].topk(k)  # (K,), (K,)
             n = int(cache.lengths[0])
-            out = target(ids[None], torch.full((1, k), n, device=device), cache, mask, hidden_layers=(layer,))
-            chosen = contrastive_choice(context, out.hidden_states[layer][0].float(), probs, self.penalty_alpha)
-            cache.commit(torch.tensor([n]), torch.tensor([[chosen]]), torch.tensor([1]))
-            context = torch.cat([context, out.hidden_states[layer][0, chosen : chosen + 1].float()])
-            logits = out.logits[:, chosen]  # (1, V): after the chosen token
+            if cache.max_len - n >= k:
+                out = target(ids[None], torch.full((1, k), n, device=device), cache, mask, hidden_layers=(layer,))
+                hidden, after = out.hidden_states[layer][0].float(), out.logits[0]  # (K, C), (K, V)
+            else:  # the context's last slots: one candidate at a time in slot n
+                outs = []
+                for i in range(k):
+                    cache.truncate([n])
+                    outs.append(target(ids[None, i : i + 1], cache=cache, hidden_layers=(layer,)))
+                hidden = torch.cat([o.hidden_states[layer][0] for o in outs]).float()
+                after = torch.cat([o.logits[0] for o in outs])
+            chosen = contrastive_choice(context, hidden, probs, self.penalty_alpha)
+            if cache.max_len - n >= k:
+                cache.commit(torch.tensor([n]), torch.tensor([[chosen]]), torch.tensor([1]))
+            else:  # keep the chosen candidate's keys and values
+                cache.truncate([n])
+                target(ids[None, chosen : chosen + 1], cache=cache)
+            context = torch.cat([context, hidden[chosen : chosen + 1]])
+            logits = after[chosen : chosen + 1]  # (1, V): after the chosen token
             token = int(ids[chosen])
             tokens.append(token)
             if not stats.time_to_first_token:
