@@ -223,3 +223,34 @@ def test_real_model_json_with_prompt_lookup_and_jump_forward(smollm2):
     assert fast.token_ids == plain.token_ids and plain.finish_reason == "eos"
     jsonschema.validate(json.loads(plain.text), schema)
     assert fast.stats.target_forwards < plain.stats.target_forwards
+
+
+def test_constrained_rows_of_a_continuous_batch_are_exact(target, tokenizer):
+    """Rows with different grammars and methods (plain, prompt lookup, token recycling) and an
+    unconstrained row, decoded together: each constrained row equals the naive constrained loop."""
+    from warpdecode.decoding.continuous import ContinuousBatch
+    from warpdecode.decoding.sampler import Sampler, SamplingConfig
+
+    stop = {tokenizer.eos_token_id}
+    jobs = [("json_schema", "none", 0), ("regex", "prompt_lookup", 1), ("grammar", "token_recycling", 2),
+            ("choice", "none", 1), (None, "prompt_lookup", 0)]
+    batch = ContinuousBatch(target, max_rows=8, max_len=64, stop_ids=stop)
+    rows = []
+    for fmt, method, prompt in jobs:
+        constraint = None
+        if fmt is not None:
+            grammar = compile_response_format(FORMATS[fmt], tokenizer, vocab_size=64, stop_ids=stop)
+            constraint = ConstrainedDecoding(grammar.state())
+        rows.append(batch.add(tokenizer.encode(PROMPTS[prompt]), max_new_tokens=18, sampler=Sampler(SamplingConfig()),
+                              method=build_method(method), constraint=constraint))
+    while batch.rows:
+        batch.step()
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+    for (fmt, method, prompt), row in zip(jobs, rows, strict=True):
+        ids = tokenizer.encode(PROMPTS[prompt])
+        if fmt is None:
+            assert row.new == generate(target, tokenizer, ids, max_new_tokens=18).token_ids
+        else:
+            assert row.new == naive_constrained_greedy(target, tokenizer, ids, FORMATS[fmt], 18)
+            assert row.finish == ("eos" if row.new[-1] in stop else "length")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,6 +43,9 @@ from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.kernels.invariance import batch_invariant
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 
 
 @dataclass(eq=False)
@@ -65,23 +69,25 @@ class Row:
     """Its speculative method (None: plain decoding)."""
     filled: int = 0
     """Prompt tokens prefilled so far, while the prompt is prefilled chunk by chunk."""
+    constraint: ConstrainedDecoding | None = None
+    """The grammar its output keeps to (`decoding/constraints`); it ends the row once complete."""
     state: DecodeState | None = None
     started: float = field(default_factory=time.perf_counter)
 
     def _push(self, tokens: list[int], stop_ids: set[int]) -> None:
-        """Take a step's tokens, cut after a stop token or at the budget."""
-        for i, token in enumerate(tokens):
-            if token in stop_ids:
-                self.finish = "eos"
-            elif len(self.new) + i + 1 >= self.budget:
-                self.finish = "length"
-            if self.finish is not None:
-                tokens = tokens[: i + 1]
-                break
+        """Take a step's tokens, cut after a stop token, at the end of the grammar or at the budget."""
+        tokens = _until_stop(tokens, stop_ids)
+        if self.constraint is not None:
+            tokens = self.constraint.commit(tokens)
+        tokens = tokens[: self.budget - len(self.new)]
         self.new.extend(tokens)
         self.last = tokens
         if self.state is not None:
             self.state.tokens.extend(tokens)
+        if (tokens and tokens[-1] in stop_ids) or (self.constraint is not None and self.constraint.done):
+            self.finish = "eos"
+        elif len(self.new) >= self.budget:
+            self.finish = "length"
         if self.finish is not None:
             self.stats.new_tokens = len(self.new)
             self.stats.seconds = time.perf_counter() - self.started
@@ -121,24 +127,29 @@ class ContinuousBatch:
 
     @torch.inference_mode()
     def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler, prompt_len: int | None = None,
-            method: Method | None = None) -> Row:
+            method: Method | None = None, constraint: ConstrainedDecoding | None = None) -> Row:
         """Prefill `prompt` in a free row and pick its first token. The row joins the batch unless that
         token already finished it (check `row.finish`); the caller removes finished rows it was given.
         `prompt_len`: the request's own prompt is `prompt[:prompt_len]`, the rest was generated before
         (default: all of `prompt` is the prompt). `method`: the row's own speculative method (built
-        for this row alone: drafters keep per-request state), whose drafter must `supports_batch`."""
+        for this row alone: drafters keep per-request state), whose drafter must `supports_batch`.
+        `constraint`: the grammar the row's output keeps to (each verified row masked with its own
+        context's allowed tokens, forced tokens drafted for free); a constrained row needs `method`
+        (`build_method("none")` for plain decoding)."""
         if not self.free:
             raise ConfigError(f"the batch is full ({self.max_rows} rows)")
         if not prompt or max_new_tokens < 1 or len(prompt) + max_new_tokens > self.max_len:
             raise ConfigError(f"a prompt of {len(prompt)} tokens with {max_new_tokens} new tokens does not fit "
                               f"a batch row of {self.max_len} positions")
-        if method is not None and not method.drafter.drafts:
+        if constraint is not None and method is None:
+            raise ConfigError("a constrained row needs its method (build_method('none') for plain decoding)")
+        if method is not None and not method.drafter.drafts and constraint is None:
             method = None
         if method is not None and (not method.drafter.supports_batch or method.verifier.needs_hidden_states):
             raise CapabilityError(f"drafter {method.drafter.name!r} cannot draft for a row of a batch")
         own = len(prompt) if prompt_len is None else prompt_len
         row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=own), prompt_len=own,
-                  method=method)
+                  method=method, constraint=constraint)
         if self.prefill_chunk is not None and len(prompt) > self.prefill_chunk:
             self.filling.append(row)  # `step` prefills it; it has no token yet
             return row
@@ -155,7 +166,7 @@ class ContinuousBatch:
         """`row` joins the decoding rows (its prompt is in the next cache row) with its first token,
         picked from its prompt's last (1, V) logits."""
         self.rows.append(row)
-        first = self._select(row, logits)
+        first = self._select(row, logits if row.constraint is None else row.constraint.mask_next(logits))
         method = row.method
         if method is not None:
             method.drafter.prepare(self.target)
@@ -225,16 +236,14 @@ class ContinuousBatch:
         return list(self.rows)
 
     def _draft(self, row: Row, start: int, max_nodes: int | None) -> DraftTree:
-        if row.method is None or row.state is None or max_nodes == 0:
+        if row.method is None or row.state is None:
             return DraftTree.empty()
         room = min(row.budget - len(row.new) - 1, self.max_len - start - 1, row.method.max_tree_nodes)
-        budget = min(row.method.controller.budget(row.state), room, room if max_nodes is None else max_nodes)
-        if budget < 1:
-            return DraftTree.empty()
-        tree = row.method.drafter.propose(row.state, budget)
+        budget = max(0, min(row.method.controller.budget(row.state), room, room if max_nodes is None else max_nodes))
+        tree = DraftTree.empty() if budget < 1 else row.method.drafter.propose(row.state, budget)
         if tree.size > budget:
             raise RuntimeError(f"drafter proposed {tree.size} nodes with a budget of {budget}")
-        return tree
+        return tree if row.constraint is None else row.constraint.shape(tree, budget)
 
     def _accept(self, row: Row, tree: DraftTree, logits: torch.Tensor, tokens: torch.Tensor) -> list[int]:
         """Accept `row`'s path from its (T, V) logits rows; returns the forward indices to keep."""
@@ -248,14 +257,17 @@ class ContinuousBatch:
             history = TokenHistory(torch.tensor(row.state.tokens), row.prompt_len,
                                    ((),) + tuple(candidates.path_tokens()))
             rows = row.sampler.penalize(rows, history)
+        if row.constraint is not None:
+            rows = row.constraint.mask(rows)
         result = row.method.verifier.accept(candidates, rows, row.sampler, {})
         state = row.state
         state.forward_tokens, state.forward_logits, state.forward_tree = tokens[: tree.size + 1], logits[: tree.size + 1], tree
         row._push(result.tokens, self.stop_ids)
         row.stats.accepted_per_step.append(len(result.path))
         row.stats.proposed_per_step.append(result.proposed)
-        row.method.drafter.observe(state, result)
-        row.method.controller.observe(result)
+        if row.finish is None:  # a stop token may end the row inside the path
+            row.method.drafter.observe(state, result)
+            row.method.controller.observe(result)
         return [0] + [node + 1 for node in result.path]
 
     def remove(self, row: Row) -> None:
@@ -278,6 +290,14 @@ class ContinuousBatch:
         if row.sampler.penalties:
             logits = row.sampler.penalize(logits, TokenHistory.single(row.prompt + row.new, row.prompt_len))
         return int(row.sampler.select(logits)[0])
+
+
+def _until_stop(tokens: list[int], stop_ids: set[int]) -> list[int]:
+    """`tokens` up to the first stop token (inclusive)."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[: i + 1]
+    return tokens
 
 
 class DraftBudget:

@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from warpdecode.decoding.constraints.llguidance_matcher import Grammar
+from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
 from warpdecode.decoding.engine import Method, run
-from warpdecode.decoding.generate import stop_token_ids
+from warpdecode.decoding.generate import build_method, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.specs import MethodSpec
 from warpdecode.decoding.stop_strings import StopMatcher
@@ -81,6 +83,8 @@ class Job:
     spec: MethodSpec
     stops: tuple[str, ...]
     emit: Callable[[Event], None]
+    grammar: Grammar | None = None
+    """The compiled `response_format` its output keeps to (None: free text)."""
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -240,35 +244,40 @@ class Scheduler:
         if job.cancelled.is_set():
             self.metrics.finished.labels("cancelled").inc()
             return
+        constraint = None if job.grammar is None else ConstrainedDecoding(job.grammar.state())
+        batched = self.max_num_seqs > 1
         try:
             method = self.method(job.spec, job.sampling.do_sample)
             sampler = Sampler(job.sampling, device=self.target.embed.weight.device)
-            if method.drafter.drafts and method.drafter.supports_batch and self.max_num_seqs > 1:
-                # drafts in the batch, with components of its own (a drafter keeps per-request state)
+            in_batch = batched and method.drafter.supports_batch and (method.drafter.drafts or constraint is not None)
+            if in_batch:  # components of its own: a drafter keeps per-request state
                 method = job.spec.with_defaults(self.drafter_options).build(do_sample=job.sampling.do_sample)
         except WarpdecodeError as error:
             _emit(job, Failed(bad_request(f"speculation {job.spec.label!r}: {one_line(error)}", "speculation")))
             return
         self.metrics.prompt_tokens.inc(len(job.ids))
         output = _Output(job, self.tokenizer, self.metrics)
-        if method.drafter.drafts and method.drafter.supports_batch and self.max_num_seqs > 1:
-            self._join(job, sampler, output, method)
+        if in_batch:
+            self._join(job, sampler, output, method, constraint)
             return
-        if method.drafter.drafts and not self._rows and self._alone():
+        if (method.drafter.drafts or constraint is not None) and not self._rows and self._alone():
             self._solo = job
             self.metrics.batch_size.set(1)
             try:
-                if self._run_alone(job, method, sampler, output):
+                if self._run_alone(job, method, sampler, output, constraint):
                     return
             finally:
                 self._solo = None
-        self._join(job, sampler, output)
+        if constraint is not None:  # it stopped to join the batch: go on plainly, in its grammar
+            method = build_method("none", do_sample=job.sampling.do_sample)
+        self._join(job, sampler, output, method if constraint is not None else None, constraint)
 
     def _alone(self) -> bool:
         with self._cond:
             return not self._jobs
 
-    def _run_alone(self, job: Job, method: Method, sampler: Sampler, output: _Output) -> bool:
+    def _run_alone(self, job: Job, method: Method, sampler: Sampler, output: _Output,
+                   constraint: ConstrainedDecoding | None) -> bool:
         """Decode `job` with its speculative method while no other request waits; True when it ended,
         False when it stopped to join the batch (another request arrived)."""
         yielded = False
@@ -283,7 +292,7 @@ class Scheduler:
 
         try:
             _, finish, stats = run(self.target, job.ids, method, sampler, max_new_tokens=job.max_tokens,
-                                   stop_ids=self.stop_ids, on_tokens=on_tokens)
+                                   stop_ids=self.stop_ids, on_tokens=on_tokens, constraint=constraint)
         except _Stop:
             if not yielded:
                 output.finish(eos=False)
@@ -298,7 +307,8 @@ class Scheduler:
         output.finish(eos=finish == "eos")
         return True
 
-    def _join(self, job: Job, sampler: Sampler, output: _Output, method: Method | None = None) -> None:
+    def _join(self, job: Job, sampler: Sampler, output: _Output, method: Method | None = None,
+              constraint: ConstrainedDecoding | None = None) -> None:
         """Add `job` to the batch (drafting with `method`, or plainly); a job that decoded alone first
         carries its tokens (re-read by one prefill)."""
         if self._batch is None:
@@ -307,7 +317,7 @@ class Scheduler:
         done = output.produced
         self.metrics.batch_size.set(len(self._rows) + 1)  # its prefill counts
         row = self._batch.add(job.ids + done, max_new_tokens=job.max_tokens - len(done), sampler=sampler,
-                              prompt_len=len(job.ids), method=method)
+                              prompt_len=len(job.ids), method=method, constraint=constraint)
         self._rows[row] = (job, output)
         self.metrics.batch_size.set(len(self._rows))
         self._emit_token(row)
