@@ -94,11 +94,12 @@ STOP = slice(6, 12)
 
 
 @pytest.mark.parametrize("name", registry.names("drafter"))
-def test_a_stop_string_ends_every_method_where_plain_decoding_ends(target, name, drafter_options, processed,
-                                                                   single_thread):
+def test_a_stop_string_ends_and_streams_every_method_where_plain_decoding_ends(target, name, drafter_options,
+                                                                               processed, single_thread):
     tokenizer = id_tokenizer(64)
+    chunks: list[str] = []
     out = generate(target, tokenizer, PROMPT, max_new_tokens=NEW, stop_at_eos=False,
-                   stop=tokenizer.decode(processed[STOP]), logits_processor=[processor],
+                   stop=tokenizer.decode(processed[STOP]), logits_processor=[processor], streamer=chunks.append,
                    method=build_method(name, options=drafter_options.get(name, {})))
     assert out.token_ids == processed[: STOP.stop] and out.finish_reason == "stop"
-    assert out.text == tokenizer.decode(processed[: STOP.start]) + " "
+    assert out.text == tokenizer.decode(processed[: STOP.start]) + " " == "".join(chunks)
