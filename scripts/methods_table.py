@@ -22,7 +22,7 @@ BEGIN = "<!-- methods table: written by scripts/methods_table.py from `warpdecod
 END = "<!-- end of methods table -->"
 
 KIND_NAMES = {"drafter": "drafter", "verifier": "verifier", "controller": "controller",
-              "commit_policy": "diffusion commit policy", "search": "search strategy"}
+              "commit_policy": "diffusion commit policy", "search": "search strategy", "rule": "decoding rule"}
 """How each registry kind reads in the table's `kind` column (an unknown kind is printed as it is)."""
 
 LOSSLESS = {True: "yes", False: "**no**", None: "–"}

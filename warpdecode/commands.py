@@ -85,6 +85,13 @@ def generate(
     verifier_options: dict[str, Any] | None = None,
     controller: str | None = None,
     controller_options: dict[str, Any] | None = None,
+    stop: str | list[str] | None = None,
+    bad_words: str | list[str] | None = None,
+    eos_token_id: int | list[int] | None = None,
+    penalty_alpha: float | None = None,
+    mirostat: int = 0,
+    mirostat_tau: float = 5.0,
+    mirostat_eta: float = 0.1,
     json_output: bool = False,
     threads: int | None = None,
     json_schema: Path | None = None,
@@ -154,6 +161,21 @@ def generate(
         controller: draft budget per step NAME[:KEY=VALUE...]: fixed (the default), or adaptive
             (grows while drafts are accepted), e.g. adaptive:initial=4.
         controller_options: deprecated: the controller's options as JSON; write --controller NAME:KEY=VALUE.
+        stop: stop string: generation ends at its first occurrence in the generated text, which is
+            printed up to it, not including it (OpenAI's rule). Several: a JSON list, --stop
+            '["END", "\\n\\n"]' (escapes such as \\n are read inside the list), or --stop+ A --stop+ B.
+        bad_words: words never generated, comma-separated (or a JSON list): each is forbidden as its
+            tokens as written and with a leading space (how a word appears mid-sentence).
+        eos_token_id: the token id(s) that end generation instead of the model's EOS tokens (a JSON
+            list for several).
+        penalty_alpha: contrastive search's degeneration penalty in (0, 1] (Hugging Face's name):
+            greedy over the --top-k most likely tokens, scored (1 - alpha) * probability - alpha *
+            the candidate's largest cosine similarity to earlier hidden states; no --method.
+        mirostat: 1 or 2 samples with llama.cpp's Mirostat v1 / v2 (0: off), steering the sampled
+            tokens' surprise to --mirostat-tau; needs --temperature > 0, replaces the top-k/top-p/
+            min-p/typical filters; no --method.
+        mirostat_tau: Mirostat's target surprise in bits (llama.cpp's default 5.0).
+        mirostat_eta: Mirostat's learning rate (llama.cpp's default 0.1).
         json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json);
             with several sequences also "sequences", best first.
         threads: CPU threads for torch (default: torch's choice).
@@ -224,6 +246,13 @@ def generate(
         chat=chat,
         method=built,
         streamer=None if json_output or num_return_sequences > 1 else stream,
+        stop=stop,
+        bad_words_ids=_bad_words_ids(tokenizer, bad_words) if bad_words is not None else None,
+        eos_token_id=eos_token_id,
+        penalty_alpha=penalty_alpha,
+        mirostat=mirostat,
+        mirostat_tau=mirostat_tau,
+        mirostat_eta=mirostat_eta,
         response_format=response_format,
         jump_forward=jump_forward,
         num_beams=num_beams,
@@ -248,6 +277,21 @@ def generate(
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _bad_words_ids(tokenizer: Tokenizer | None, words: str | list[str]) -> list[list[int]]:
+    """The token sequences of `--bad-words`: each word as written and after a space, without duplicates."""
+    from warpdecode.errors import ConfigError
+
+    items = [w.strip() for w in (words.split(",") if isinstance(words, str) else words)]
+    if tokenizer is None or not all(items):
+        raise ConfigError(f"--bad-words needs a model with a tokenizer and non-empty words, got {words!r}")
+    out: list[list[int]] = []
+    for word in items:
+        for ids in (tokenizer.encode(word, add_special_tokens=False), tokenizer.encode(" " + word, add_special_tokens=False)):
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def _response_format(json_schema: Path | None, regex: str | None, grammar: Path | None,

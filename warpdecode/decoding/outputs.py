@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["eos", "length", "context"]
+FinishReason = Literal["eos", "stop", "length", "context"]
+"""eos: a stop token; stop: a stop string (`generate(stop=...)`); length: `max_new_tokens`; context: the
+model's context is full."""
 
 
 def compute_tau(accepted: int, forwards: int, *, bonus: bool = True) -> float:
