@@ -29,6 +29,7 @@ from warpdecode.models.importers.hf import (
     state_dict_to_hf,
 )
 from warpdecode.models.named import NAMED_MODELS, cache_dir, named_model_gguf
+from warpdecode.models.random_shapes import is_random, random_config
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
 
@@ -118,7 +119,10 @@ def load_gguf_quantized(source: str | Path) -> tuple[Transformer, Tokenizer]:
 
 
 def read_config(source: str | Path) -> ModelConfig:
-    """The architecture of a model directory, `.gguf` file or name, without loading its weights."""
+    """The architecture of a model directory, `.gguf` file or name (`random:NAME`: a public checkpoint's
+    shape, `models/random_shapes.py`), without loading its weights."""
+    if is_random(str(source)):
+        return random_config(str(source))
     directory = resolve(source)
     config_path = directory / "config.json"
     if not config_path.is_file():
