@@ -17,7 +17,8 @@ def random_model(*, seed: int, std: float, **config) -> Transformer:
     return model.eval()
 
 
-def save_tiny_model(directory, *, n_layer: int = 2, max_seq_len: int = 256):
+def save_tiny_model(directory, *, n_layer: int = 2, max_seq_len: int = 256, n_head: int = 2,
+                    n_kv_head: int | None = None):
     """A seeded random model with a 300-token BPE (trained on a few code and story lines) saved in
     `directory`, as `load_pretrained` reads it; returns `directory`."""
     from warpdecode.models.checkpoint import save_pretrained
@@ -25,7 +26,8 @@ def save_tiny_model(directory, *, n_layer: int = 2, max_seq_len: int = 256):
 
     texts = ["print('hello world')\n", "for i in range(10):\n    pass\n", "Write a story about a cat.\n"] * 20
     tokenizer = train_bpe(texts, vocab_size=300)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=n_layer, n_head=2, d_model=32, d_ff=64,
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
+                         d_model=32, d_ff=64,
                          max_seq_len=max_seq_len, eos_token_ids=[tokenizer.eos_token_id])
     torch.manual_seed(0)
     model = Transformer(config)
