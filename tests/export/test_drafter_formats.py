@@ -96,10 +96,40 @@ def test_distilled_gguf_is_greedy_identical_in_llama_cpp(target, distilled, tmp_
     path = _convert(distilled, tmp_path / "draft.gguf", "gguf", target)
     ours, _ = load_pretrained(_convert(distilled, tmp_path / "hf", "hf", target))
     ids = tokenizer.encode("for i in range(10):")
-    run = subprocess.run([str(LLAMA_CPP_PYTHON), str(SCRIPT), str(path), json.dumps(ids), "16"], capture_output=True,
+    assert _llama_cpp_greedy(path, ids, 16) == naive_greedy(ours, ids, 16)
+
+
+def _llama_cpp_greedy(path: Path, ids: list[int], n: int) -> list[int]:
+    run = subprocess.run([str(LLAMA_CPP_PYTHON), str(SCRIPT), str(path), json.dumps(ids), str(n)], capture_output=True,
                          text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads(run.stdout.strip().splitlines()[-1]) == naive_greedy(ours, ids, 16)
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_qwen2_layout_gguf_reads_back_and_runs_in_llama_cpp(target, tmp_path):
+    """The qwen2 graph: q/k/v biases, rows in their own order (llama.cpp permutes llama's only)."""
+    pytest.importorskip("gguf")
+    from tiny_models import random_model
+
+    from warpdecode.export.gguf_writer import write_gguf
+    from warpdecode.models.importers.gguf import read_gguf
+    from warpdecode.models.importers.hf import state_dict_from_hf
+
+    _, tokenizer = target
+    model = random_model(seed=5, std=0.3, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
+                         d_model=32, d_ff=64, max_seq_len=256, family="qwen2", qkv_bias=True, tie_embeddings=False)
+    with torch.no_grad():
+        for block in model.blocks:
+            for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj):
+                proj.bias.normal_(std=0.3)
+    path = write_gguf(model, tokenizer, tmp_path / "qwen2.gguf", name="tiny qwen2")
+    config, weights, _ = read_gguf(path)
+    state = state_dict_from_hf(weights, config)
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(state[key], tensor), key
+    if LLAMA_CPP_PYTHON.is_file():
+        ids = tokenizer.encode("print('hello world')")
+        assert _llama_cpp_greedy(path, ids, 12) == naive_greedy(model, ids, 12)
 
 
 @pytest.mark.parametrize("fmt", ["medusa", "vllm-medusa"])
