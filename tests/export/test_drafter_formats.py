@@ -158,6 +158,25 @@ def test_medusa_layouts_round_trip_to_identical_heads(target, fmt, tmp_path):
     torch.testing.assert_close(restored_net(features), original(features), atol=0, rtol=0)
 
 
+def test_vllm_medusa_over_the_whole_vocabulary_puts_head_rows_in_token_order(target, tmp_path):
+    """vLLM reads token_map only when the vocabulary is truncated: a frequency-ranked draft vocabulary of
+    every token is written as rows in token-id order, and drafts the same tokens."""
+    model, _ = target
+    V, C = model.config.vocab_size, model.config.d_model
+    package = DrafterPackage.load(heads_package(model, tmp_path / "package", "medusa", num_heads=2))
+    net = MedusaHeads(C, V, 2, 1)
+    net.load_state_dict({**package.weights, "draft_vocab": torch.randperm(V)}, strict=False)
+    package.weights, package.config = net.trainable_state(), {**package.config, "draft_vocab_size": V}
+    package.save(tmp_path / "permuted")
+    out = _convert(tmp_path / "permuted", tmp_path / "vllm", "vllm-medusa", target)
+    assert "token_map" not in load_file(str(out / "model.safetensors"))
+    original = DrafterPackage.load(tmp_path / "permuted").load_net(model, MedusaHeads)
+    restored = DrafterPackage.load(_convert(out, tmp_path / "back", "warpdecode", target)).load_net(model, MedusaHeads)
+    features = torch.randn(5, C)
+    assert torch.equal(restored.draft_vocab, torch.arange(V))
+    assert torch.equal(original.draft_vocab[original(features).argmax(-1)], restored(features).argmax(-1))
+
+
 def test_medusa_import_refuses_heads_with_their_own_lm_head(target, tmp_path):
     model, _ = target
     source = Path(heads_package(model, tmp_path / "medusa", "medusa", num_heads=2))

@@ -89,8 +89,10 @@ def write_medusa(package: DrafterPackage, target: Transformer, out: Path, *, whe
         for i, stack in enumerate(blocks):
             for j, linear in enumerate(stack):
                 weights[f"blocks.{i}.layers.{j}.weight"], weights[f"blocks.{i}.layers.{j}.bias"] = linear.weight, linear.bias
-        weights["lm_heads.0.weight"] = heads.head.weight
-        weights["token_map"] = vocab
+        if len(vocab) < target.config.vocab_size:
+            weights["lm_heads.0.weight"], weights["token_map"] = heads.head.weight, vocab
+        else:  # vLLM ignores token_map without truncation: the rows go in token-id order instead
+            weights["lm_heads.0.weight"] = heads.head.weight[torch.argsort(vocab.to(heads.head.weight.device))]
         name = VLLM_WEIGHTS
     with atomic_directory(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
