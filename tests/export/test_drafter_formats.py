@@ -177,6 +177,20 @@ def test_vllm_medusa_over_the_whole_vocabulary_puts_head_rows_in_token_order(tar
     assert torch.equal(original.draft_vocab[original(features).argmax(-1)], restored(features).argmax(-1))
 
 
+def test_medusa_legacy_checkpoint_reads_through_the_targets_lm_head(target, tmp_path):
+    """medusa_model_legacy.py's heads have no LM head of their own (and its checkpoints no token_map)."""
+    model, _ = target
+    source = Path(heads_package(model, tmp_path / "package", "medusa", num_heads=2))
+    out = _convert(source, tmp_path / "m", "medusa", target)
+    weights = load_file(str(out / "medusa_lm_head.safetensors"))
+    save_file({k: v for k, v in weights.items() if k.endswith(("linear.weight", "linear.bias"))},
+              str(out / "medusa_lm_head.safetensors"))
+    restored = DrafterPackage.load(_convert(out, tmp_path / "back", "warpdecode", target)).load_net(model, MedusaHeads)
+    original = DrafterPackage.load(source).load_net(model, MedusaHeads)
+    features = torch.randn(5, model.config.d_model)
+    torch.testing.assert_close(restored(features)[..., original.draft_vocab], original(features), atol=1e-5, rtol=1e-5)
+
+
 def test_medusa_import_refuses_heads_with_their_own_lm_head(target, tmp_path):
     model, _ = target
     source = Path(heads_package(model, tmp_path / "medusa", "medusa", num_heads=2))

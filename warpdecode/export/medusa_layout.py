@@ -9,7 +9,11 @@ FasterDecoding/Medusa (`medusa/model/medusa_model.py`, `MedusaConfig` and `Medus
     {i}.{num_layers}.weight (V, C)                              head i's LM head over the whole vocabulary
 
 `[ResBlock(C)] * n` repeats one module, so that code runs one block n times: heads of several distinct
-blocks are refused for this layout (vLLM's keeps them apart).
+blocks are refused for this layout (vLLM's keeps them apart). The legacy model that
+`train_legacy.py` trains (`medusa/model/medusa_model_legacy.py`) has no per-head `Linear`: its heads
+score through the base model's `lm_head`, as warpdecode's do; it loads the written file too
+(`load_state_dict(strict=False)` skips `{i}.{num_layers}.weight`, which equals that LM head), and a
+legacy checkpoint without those tensors is read back as it is.
 
 vLLM (`vllm/model_executor/models/medusa.py`, `Medusa.__init__` / `load_weights`; the config is
 `vllm/transformers_utils/configs/medusa.py`, which renames `medusa_num_heads` / `medusa_num_layers`):
@@ -148,9 +152,12 @@ def read_medusa(source: Path, target: Transformer, *, source_name: str) -> Draft
                     raise CheckpointError(f"{path}: {prefix}.{part} is {list(tensor.shape)}, not {list(want)} "
                                           f"(hidden size {C} of the target)")
                 state[f"heads.{i}.{j}.linear.{part}"] = tensor.float()
-        head_name = "lm_heads.0.weight" if vllm else f"{i}.{layers}.weight"
+        shared = config.get("original_lm_head") is True
+        head_name = (f"lm_heads.{0 if shared else i}.weight" if vllm else f"{i}.{layers}.weight")
         head = weights.get(head_name)
-        rows = target_head[vocab] if vllm else target_head
+        if head is None and not vllm:  # the legacy layout: every head reads the base model's LM head
+            continue
+        rows = target_head[vocab] if vllm and "token_map" in weights else target_head
         if head is None or head.shape != rows.shape or not torch.allclose(head.float(), rows, atol=1e-5, rtol=1e-4):
             raise CheckpointError(f"{path}: head {i}'s LM head {head_name} is not the target's LM head "
                                   f"{'rows of token_map' if vllm else ''} (warpdecode's heads share the target's "
