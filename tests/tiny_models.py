@@ -95,10 +95,12 @@ def feature_drafter_package(kind: str, target: Transformer, directory, *, seed: 
 
 
 def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3,
-                  feature_layers: tuple[int, ...] | None = None) -> str:
+                  feature_layers: tuple[int, ...] | None = None, layout: str | None = None) -> str:
     """An untrained EAGLE drafter package for `target` (`feature_drafter_package`), fusing the target's
-    `feature_layers` (EAGLE-3) when given."""
-    options = {} if feature_layers is None else {"feature_layers": list(feature_layers)}
+    `feature_layers` (EAGLE-3) when given; of EAGLE-1's shape with `layout="eagle"`."""
+    options: dict = {} if feature_layers is None else {"feature_layers": list(feature_layers)}
+    if layout is not None:
+        options["layout"] = layout
     return feature_drafter_package("eagle", target, directory, seed=seed, std=std, **options)
 
 

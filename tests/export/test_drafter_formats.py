@@ -210,7 +210,7 @@ def test_layouts_a_peer_would_misread_are_refused_in_one_line(target, tmp_path):
     eagle3 = eagle_package(model, tmp_path / "eagle3", feature_layers=(1, 2, 3))
     cases = [(hydra, "medusa", "Hydra's heads also read the drafted tokens' embeddings"),
              (medusa2, "medusa", r"repeats one block module \(\[ResBlock\] \* medusa_num_layers\)"),
-             (eagle, "eagle", "no input norm in its first layer, no norm before the LM head"),
+             (eagle, "eagle", "no input norm in its first layer, no norm before the LM head.*train with layout: eagle"),
              (eagle3, "eagle", "feeds both \\(2C wide\\) to attention"),
              (eagle, "hf", "--format hf writes distilled drafters"),
              (eagle, "eagle3", "EAGLE-3 layout")]
@@ -221,14 +221,55 @@ def test_layouts_a_peer_would_misread_are_refused_in_one_line(target, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_published_eagle_checkpoints_are_refused_with_what_differs(target, tmp_path):
+def test_eagle1_layout_computes_what_a_llama_decoder_layer_computes_and_round_trips(target, tmp_path):
+    """The written checkpoint run as vLLM's llama_eagle.py runs it (transformers' LlamaDecoderLayer with an
+    identity input norm, fc over cat(embeds, hidden), no norm after) gives warpdecode's predicted features."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    from warpdecode.models.eagle import EagleNet
+
+    model, _ = target
+    source = eagle_package(model, tmp_path / "package", layout="eagle")
+    out = _convert(source, tmp_path / "eagle", "eagle", target)
+    config = transformers.LlamaConfig(**json.loads((out / "config.json").read_text()))
+    config._attn_implementation = "eager"
+    weights = load_file(str(out / "model.safetensors"))
+    assert config.num_hidden_layers == 1 and config.bias is False and "fc.bias" not in weights
+    assert "layers.0.input_layernorm.weight" not in weights and not any(k.startswith("norm.") for k in weights)
+    layer = modeling_llama.LlamaDecoderLayer(config, 0)
+    layer.input_layernorm = torch.nn.Identity()
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in weights.items() if k.startswith("layers.0.")})
+    T, C = 7, model.config.d_model
+    tokens, features = torch.randint(0, model.config.vocab_size, (1, T)), torch.randn(1, T, C)
+    with torch.inference_mode():
+        x = torch.nn.functional.linear(torch.cat([model.embed(tokens), features], -1), weights["fc.weight"])
+        positions = torch.arange(T)[None]
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        peer = layer(x, attention_mask=mask, position_ids=positions,
+                     position_embeddings=modeling_llama.LlamaRotaryEmbedding(config)(x, positions))
+        peer = peer[0] if isinstance(peer, tuple) else peer
+        net = DrafterPackage.load(source).load_net(model, EagleNet)
+        ours, logits = net(features, tokens, model.embed, positions + 1)  # pairs sit one later: RoPE is relative
+        torch.testing.assert_close(ours, peer, atol=1e-5, rtol=1e-5)
+        back = DrafterPackage.load(_convert(out, tmp_path / "back", "warpdecode", target), "eagle")
+        assert back.tree["rank_paths"] == DrafterPackage.load(source).tree["rank_paths"]
+        again, again_logits = back.load_net(model, EagleNet)(features, tokens, model.embed, positions + 1)
+        torch.testing.assert_close(again, ours, atol=0, rtol=0)
+        torch.testing.assert_close(again_logits, logits, atol=0, rtol=0)
+
+
+def test_published_eagle_checkpoints_of_other_shapes_are_refused_with_what_differs(target, tmp_path):
     C = target[0].config.d_model
-    for name, tensors in (("eagle", {"fc.weight": torch.zeros(C, 2 * C)}),
-                          ("eagle3", {"midlayer.hidden_norm.weight": torch.ones(C), "d2t": torch.zeros(4, dtype=torch.long)})):
-        (tmp_path / name).mkdir()
-        save_file(tensors, str(tmp_path / name / "model.safetensors"))
-        with pytest.raises(CapabilityError, match=f"is an {'EAGLE-3' if name == 'eagle3' else 'EAGLE'} checkpoint"):
-            _convert(tmp_path / name, tmp_path / "back", "warpdecode", target)
+    cases = (("EAGLE-3 checkpoint", {"midlayer.hidden_norm.weight": torch.ones(C), "d2t": torch.zeros(4, dtype=torch.long)}),
+             ("fc has a bias", {"fc.weight": torch.zeros(C, 2 * C), "fc.bias": torch.ones(C)}),
+             ("layers.0.input_layernorm.weight is not part of EAGLE-1's shape",
+              {"fc.weight": torch.zeros(C, 2 * C), "layers.0.input_layernorm.weight": torch.ones(C)}))
+    for i, (message, tensors) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        save_file(tensors, str(tmp_path / str(i) / "model.safetensors"))
+        with pytest.raises(CapabilityError, match=message):
+            _convert(tmp_path / str(i), tmp_path / "back", "warpdecode", target)
 
 
 def test_format_and_output_name_are_checked_first(tmp_path):

@@ -17,7 +17,13 @@ from warpdecode.export.draft_model_formats import (
     write_gguf_draft_model,
     write_hf_draft_model,
 )
-from warpdecode.export.eagle_layout import looks_like_eagle, refuse_eagle_export, refuse_eagle_import
+from warpdecode.export.eagle_layout import (
+    looks_like_eagle,
+    read_eagle,
+    refuse_eagle3_import,
+    refuse_eagle_export,
+    write_eagle,
+)
 from warpdecode.export.medusa_layout import MEDUSA_WEIGHTS, VLLM_WEIGHTS, read_medusa, write_medusa
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.tokenizer import Tokenizer
@@ -28,9 +34,9 @@ FORMATS = {
     "gguf": ("distilled", "a GGUF file (llama.cpp --model-draft)"),
     "medusa": ("medusa", "FasterDecoding/Medusa's layout (config.json + medusa_lm_head.safetensors)"),
     "vllm-medusa": ("medusa", "vLLM's Medusa layout (config.json + model.safetensors with token_map)"),
-    "eagle": ("eagle", "the EAGLE checkpoint layout of SafeAILab/EAGLE, SGLang and vLLM"),
-    "eagle3": ("eagle", "the EAGLE-3 checkpoint layout of SafeAILab/EAGLE, SGLang and vLLM"),
-    "warpdecode": ("medusa", "a warpdecode drafter package, read from a Medusa or vLLM-Medusa checkpoint"),
+    "eagle": ("eagle", "the EAGLE-1 checkpoint layout of SafeAILab/EAGLE and vLLM (drafters of layout=eagle)"),
+    "eagle3": ("eagle", "the EAGLE-3 checkpoint layout of SafeAILab/EAGLE, SGLang and vLLM (refused: see why)"),
+    "warpdecode": ("medusa", "a warpdecode drafter package, read from a Medusa, vLLM-Medusa or EAGLE-1 checkpoint"),
 }
 """format → (the drafter kind it takes or makes, what it is)."""
 
@@ -76,14 +82,16 @@ def convert_drafter(source: Path, out: Path, fmt: str, target: Transformer, toke
             return write_hf_draft_model(model, tokenizer, out)
         return write_gguf_draft_model(model, tokenizer, out, name=f"{target_name} distilled draft",
                                       tokenizer_gguf=tokenizer_gguf)
-    if fmt in ("eagle", "eagle3"):
+    if fmt == "eagle":
+        return write_eagle(package, target, out, where=where)
+    if fmt == "eagle3":
         refuse_eagle_export(fmt, package.config.get("feature_layers"))
     return write_medusa(package, target, out, where=where, layout="medusa" if fmt == "medusa" else "vllm",
                         base_model=str(target_directory.resolve()))
 
 
 def import_checkpoint(source: Path, target: Transformer, target_name: str) -> DrafterPackage:
-    """A warpdecode package from a peer's drafter checkpoint directory (Medusa layouts; EAGLE refused)."""
+    """A warpdecode package from a peer's drafter checkpoint directory (Medusa layouts, EAGLE-1; EAGLE-3 refused)."""
     if not source.is_dir():
         raise CheckpointError(f"{source} is not a checkpoint directory")
     names: set[str] = set()
@@ -94,7 +102,8 @@ def import_checkpoint(source: Path, target: Transformer, target_name: str) -> Dr
         except Exception as e:  # SafetensorError, OSError, or whatever a corrupt header provokes
             raise CheckpointError(f"corrupt weights file {path}: {one_line(e)}") from e
     if looks_like_eagle(source, names):
-        refuse_eagle_import(source, names)
+        refuse_eagle3_import(source, names)
+        return read_eagle(source, target, source_name=target_name)
     if not (source / MEDUSA_WEIGHTS).is_file() and not (source / VLLM_WEIGHTS).is_file():
         raise CheckpointError(f"{source} holds neither {MEDUSA_WEIGHTS} (FasterDecoding/Medusa) nor {VLLM_WEIGHTS} "
                               "(vLLM's Medusa): no Medusa checkpoint to read")
