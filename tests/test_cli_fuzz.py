@@ -365,6 +365,13 @@ DRAFTER_FILES: list[tuple[str, Mutation]] = [
 
 GGUF_HEADER = b"GGUF" + (3).to_bytes(4, "little")
 GGUF_ARGV = ["generate", "--model", "{case_dir}/model.gguf", "--prompt", "hi"]
+def _eagle_weights(extra: dict[str, list[int]]) -> bytes:
+    """An EAGLE-1 checkpoint for the tiny target (d_model 32): fc, plus `extra` tensors of those shapes."""
+    from safetensors.torch import save
+
+    return save({"fc.weight": torch.zeros(32, 64), **{name: torch.zeros(shape) for name, shape in extra.items()}})
+
+
 MEDUSA_ARGV = ["convert_drafter", "{case_dir}", "{out}/d", "--format", "warpdecode", "--model", "{model}"]
 RECIPE_ARGV = ["fit", "--config", "{case_dir}/recipe.yaml", "--trainer.logger", "false"]
 CORPUS_ARGV = ["generate", "--model", "{model}", "--prompt", "hi", "--method", "retrieval:corpus={case_dir}/corpus.npy"]
@@ -396,6 +403,11 @@ STANDALONE_FILES: list[tuple[str, str, bytes | Callable[[], bytes], list[str]]] 
     ("medusa-weights-no-config", "medusa_lm_head.safetensors",
      _safetensors_header({"0.0.linear.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}) + b"\0" * 4,
      MEDUSA_ARGV),
+    ("eagle-weights-truncated", "model.safetensors",
+     _safetensors_header({"fc.weight": {"dtype": "F32", "shape": [32, 64], "data_offsets": [0, 8192]}}), MEDUSA_ARGV),
+    ("eagle-weights-wrong-shapes", "model.safetensors", lambda: _eagle_weights({"layers.0.self_attn.q_proj.weight": [8, 8]}),
+     MEDUSA_ARGV),
+    ("eagle-weights-missing-layer", "model.safetensors", lambda: _eagle_weights({}), MEDUSA_ARGV),
     ("recipe-empty", "recipe.yaml", b"", RECIPE_ARGV),
     ("recipe-syntax", "recipe.yaml", b"model: [unclosed\n", RECIPE_ARGV),
     ("recipe-python-tag", "recipe.yaml", b"model: !!python/object/apply:os.system ['echo pwned']\n", RECIPE_ARGV),

@@ -41,7 +41,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from warpdecode.errors import CapabilityError, CheckpointError
+from warpdecode.errors import CapabilityError, CheckpointError, one_line
 from warpdecode.io import atomic_directory
 from warpdecode.models.drafter_package import DrafterPackage
 from warpdecode.models.eagle import EagleNet
@@ -109,10 +109,12 @@ def write_eagle(package: DrafterPackage, target: Transformer, out: Path, *, wher
 def read_eagle(source: Path, target: Transformer, *, source_name: str) -> DrafterPackage:
     """A warpdecode EAGLE package (`layout="eagle"`) from an EAGLE-1 checkpoint directory for `target`:
     one-line CheckpointError / CapabilityError naming what does not fit EAGLE-1's shape."""
-    files = sorted(source.glob("*.safetensors"))
     weights: dict[str, Tensor] = {}
-    for path in files:
-        weights.update(load_file(str(path)))
+    for path in sorted(source.glob("*.safetensors")):
+        try:
+            weights.update(load_file(str(path)))
+        except Exception as e:  # SafetensorError, OSError: a truncated or corrupt file
+            raise CheckpointError(f"corrupt weights file {path}: {one_line(e)}") from e
     weights = {{"fusion_fc.weight": "fc.weight", "fusion_fc.bias": "fc.bias"}.get(k, k): v for k, v in weights.items()}
     C, V = target.config.d_model, target.config.vocab_size
     fc = weights.pop("fc.weight", None)
@@ -142,9 +144,16 @@ def read_eagle(source: Path, target: Transformer, *, source_name: str) -> Drafte
     state["fc.weight"] = torch.cat([fc[:, C:], fc[:, :C]], dim=1).float()
     state["draft_vocab"] = vocab
     config_path = source / "config.json"
-    tree = json.loads(config_path.read_text()).get("tree_choices") if config_path.is_file() else None
+    try:
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{config_path}: cannot read the EAGLE config ({one_line(e)})") from e
+    tree = config.get("tree_choices") if isinstance(config, dict) else None
     package = DrafterPackage("eagle", DrafterPackage.describe_target(target, source_name),
                              {"draft_vocab_size": len(vocab), "d_ff": d_ff, "layout": "eagle"}, state,
                              {"rank_paths": tree} if tree else {})
-    package.load_net(target, EagleNet, str(source))  # every weight present and of its shape
+    try:
+        package.load_net(target, EagleNet, str(source))  # every weight present and of its shape
+    except RuntimeError as e:  # a tensor of another shape than this target's one-layer draft
+        raise CheckpointError(f"{source}: the EAGLE weights do not fit this target: {one_line(e, 300)}") from e
     return package
