@@ -101,7 +101,7 @@ def import_checkpoint(source: Path, target: Transformer, target_name: str) -> Dr
                 names |= set(f.keys())
         except Exception as e:  # SafetensorError, OSError, or whatever a corrupt header provokes
             raise CheckpointError(f"corrupt weights file {path}: {one_line(e)}") from e
-    if looks_like_eagle(source, names):
+    if looks_like_eagle(names):
         refuse_eagle3_import(source, names)
         return read_eagle(source, target, source_name=target_name)
     if not (source / MEDUSA_WEIGHTS).is_file() and not (source / VLLM_WEIGHTS).is_file():

@@ -70,8 +70,8 @@ def refuse_eagle_export(layout: str, feature_layers: object) -> None:
                           f"function{hint}")
 
 
-def looks_like_eagle(source: Path, names: set[str]) -> bool:
-    """Whether the tensor `names` of a checkpoint in `source` are an EAGLE / EAGLE-3 head's."""
+def looks_like_eagle(names: set[str]) -> bool:
+    """Whether the tensor `names` of a checkpoint are an EAGLE / EAGLE-3 head's."""
     return "fc.weight" in names or "fusion_fc.weight" in names or any(n.startswith("midlayer.") for n in names)
 
 
