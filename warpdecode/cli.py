@@ -41,7 +41,7 @@ def command_functions() -> list[Callable[..., None]]:
     are its flags and their help."""
     from warpdecode import commands
 
-    return [commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
+    return [commands.convert, commands.convert_drafter, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
             commands.prompts, commands.self_chat, commands.serve]
 
 

@@ -500,6 +500,50 @@ def export(
         print(f"{name} graph ({variant['backend']}): {json.dumps(variant['accuracy'])}")
 
 
+def convert_drafter(
+    source: Path,
+    out: Path,
+    *,
+    format: str,
+    model: str = DEFAULT_MODEL,
+) -> None:
+    """Write a trained drafter in the layout another engine loads, or read a peer's checkpoint back.
+
+    Formats: hf (a distilled draft model as a Hugging Face model directory: transformers, vLLM and
+    SGLang draft models), gguf (the same as NAME.gguf for llama.cpp's --model-draft), medusa
+    (FasterDecoding/Medusa's config.json + medusa_lm_head.safetensors), vllm-medusa (vLLM's Medusa
+    layout), eagle / eagle3 (refused: the peers' EAGLE networks compute another function, the message
+    says what differs), warpdecode (a Medusa or vLLM-Medusa checkpoint SOURCE into a drafter package).
+    Example:
+
+        warpdecode convert-drafter drafters/distilled draft.gguf --format gguf
+
+    Args:
+        source: a drafter package (`warpdecode fit` output), or a peer checkpoint directory for
+            --format warpdecode.
+        out: output directory (created; replaced if it exists), or a .gguf file for --format gguf.
+        format: hf, gguf, medusa, vllm-medusa, eagle, eagle3 or warpdecode (docs/export.md, "Drafters
+            on other engines").
+        model: the target the drafter was trained for (model directory, .gguf file, or model name).
+    """
+    from warpdecode.export.drafter_formats import check_format
+    from warpdecode.export.drafter_formats import convert_drafter as run_convert
+    from warpdecode.models.checkpoint import load_pretrained, resolve
+    from warpdecode.models.named import NAMED_MODELS, named_model_gguf
+
+    check_format(format, out)
+    _check_output_directory(out.parent if format == "gguf" else out, "convert-drafter's output")
+    if not source.exists():
+        from warpdecode.errors import CheckpointError
+
+        raise CheckpointError(f"{source} does not exist")
+    target, tokenizer = load_pretrained(model)
+    tokenizer_gguf = named_model_gguf(model) if model in NAMED_MODELS else Path(model) if model.endswith(".gguf") else None
+    path = run_convert(source, out, format, target, tokenizer, target_name=model, target_directory=resolve(model),
+                       tokenizer_gguf=tokenizer_gguf)
+    print(f"wrote {path} ({format})")
+
+
 def regress(
     package: Path,
     *,
