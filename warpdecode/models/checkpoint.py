@@ -21,6 +21,7 @@ from warpdecode.io import atomic_directory
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf import read_gguf
 from warpdecode.models.importers.gguf_quantized import read_gguf_quantized
+from warpdecode.models.importers.gguf_stream import streams, write_streamed
 from warpdecode.models.importers.hf import (
     config_from_hf,
     config_to_hf,
@@ -61,6 +62,10 @@ def convert(source: str | Path, out: str | Path) -> Path:
         source = named_model_gguf(str(source))
     source = Path(source)
     tokenizer: Tokenizer | None
+    if source.suffix == ".gguf" and source.is_file() and streams(source):
+        with atomic_directory(out) as tmp:  # one tensor in memory at a time
+            write_streamed(source, tmp)
+        return out
     if source.suffix == ".gguf":
         config, weights, tokenizer = read_gguf(source)
     elif source.is_dir():
