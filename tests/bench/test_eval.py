@@ -103,3 +103,21 @@ def test_diversity_of_samples():
 def test_bad_configurations_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):
         EvalConfig(**options)
+
+
+@pytest.mark.slow
+def test_humaneval_on_the_real_model_completes_the_raw_prompt(smollm2):
+    """The completion protocol: greedy decoding of the raw prompt (no chat template), cut at a stop
+    sequence, and every generated token counted."""
+    from warpdecode.bench.eval import run_eval
+    from warpdecode.data.humaneval import truncate_completion
+    from warpdecode.decoding.generate import generate
+
+    config = EvalConfig(task="humaneval", limit=1, max_new_tokens=16)
+    result = run_eval(smollm2.model, smollm2.tokenizer, "none", config, model_name="smollm2", emit=lambda line: None)
+    (sample,) = result.problems[0].samples
+    problem = humaneval_problems(limit=1)[0]
+    expected = generate(smollm2.model, smollm2.tokenizer, problem.prompt, max_new_tokens=16, chat=False)
+    assert sample.text == expected.text and sample.scored == truncate_completion(expected.text)
+    assert (sample.new_tokens, sample.target_forwards) == (len(expected.token_ids), expected.stats.target_forwards)
+    assert result.summary()["pass@1"] == float(sample.correct) and result.sandbox

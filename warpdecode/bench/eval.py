@@ -250,7 +250,7 @@ def diversity(texts_per_problem: list[list[str]]) -> dict[str, float | None]:
             "self_bleu_4": sum(bleus) / len(bleus) if bleus else None}
 
 
-def run_eval(target: Backbone, tokenizer: Tokenizer, method: Method, config: EvalConfig, *, model_name: str,
+def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, config: EvalConfig, *, model_name: str,
              emit: Callable[[str], None] = log_line) -> EvalResult:
     """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`."""
     task = TASKS[config.task](config)
