@@ -57,6 +57,15 @@ def test_a_program_that_does_not_end_is_stopped(program, statuses):
     assert result.status in statuses and not result.passed
 
 
+def test_a_program_ended_by_a_signal_is_reported_as_killed():
+    aborted = run_program("import os\nos.abort()", FAST)
+    assert aborted.status == "killed" and aborted.returncode is not None and aborted.returncode < 0
+    # SIGXCPU ignored: the CPU hard limit (one second later) sends SIGKILL, relayed by the launcher
+    program = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    hard = run_program(program, Limits(wall_seconds=60, cpu_seconds=1))
+    assert (hard.status, hard.returncode) == ("killed", -signal.SIGKILL)
+
+
 def test_a_fork_bomb_is_refused(level):
     result = run_program("import os\nwhile True:\n    os.fork()", FAST, isolation=level)
     assert result.status == "failed" and ("PermissionError" in result.reason or "BlockingIOError" in result.reason
