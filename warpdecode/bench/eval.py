@@ -267,11 +267,11 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
                            do_sample=sampling, temperature=config.temperature if sampling else 1.0,
                            top_k=config.top_k, top_p=config.top_p, seed=seed, chat=config.use_chat, method=method)
             outputs.append((out, time.perf_counter() - started, seed))
+            lines.update(j * n + i + 1, correct=f"{passed}/{j * n} scored")
         scores = task.score(problem, [out.text for out, _, _ in outputs])
         samples = [Sample(out.text, scored, correct, reason, len(out.token_ids), out.stats.target_forwards, seconds, seed)
                    for (out, seconds, seed), (scored, correct, reason) in zip(outputs, scores, strict=True)]
         results.append(ProblemResult(task.problem_id(problem), samples))
         passed += sum(s.correct for s in samples)
-        lines.update((j + 1) * n, correct=f"{passed}/{(j + 1) * n}")
     sandbox = isolation().describe() if config.task == "humaneval" else None
     return EvalResult(config, model_name, results, sandbox)
