@@ -6,7 +6,7 @@ the program's temporary working directory, before any of the program runs. CONFI
 `file_bytes`, `processes`), `workdir` and `python`. With `namespaces` the launcher enters new user, mount,
 network and PID namespaces; its child, PID 1 there, sees the file system read-only
 except for `workdir`, has no network interface but a downed loopback, and cannot signal any process
-outside its namespace. The child gives up every capability, sets the resource limits, installs a
+outside its namespace but its process group (this launcher, whose death ends it). The child gives up every capability, sets the resource limits, installs a
 seccomp filter that refuses the system calls of `filters` with EPERM, and execs the interpreter on the
 prelude (`prelude.py`), which runs `main.py`. The launcher waits and ends the way its child ended (exit
 status, or the same signal). A setup step that fails ends the launcher with status 125 and a `sandbox:`
