@@ -23,7 +23,7 @@ def _levels() -> list[Isolation]:
     for namespaces, seccomp in ((False, True), (False, False)):
         if (namespaces, seccomp) == (best.namespaces, best.seccomp) or (seccomp and not best.seccomp):
             continue
-        probe = run_program(FORK_PROBE, isolation=Isolation(namespaces, seccomp, processes_limited=True))
+        probe = run_program(FORK_PROBE, layers=Isolation(namespaces, seccomp, processes_limited=True))
         levels.append(Isolation(namespaces, seccomp, processes_limited=probe.passed))
     return levels
 
@@ -38,12 +38,12 @@ def level(request) -> Isolation:
 
 
 def test_a_correct_program_passes_and_its_output_comes_back(level):
-    result = run_program("import math\nassert math.factorial(5) == 120\nprint('ok')", FAST, isolation=level)
+    result = run_program("import math\nassert math.factorial(5) == 120\nprint('ok')", FAST, layers=level)
     assert (result.status, result.stdout, result.returncode) == ("passed", "ok\n", 0)
 
 
 def test_a_wrong_program_fails_with_its_error_as_the_reason(level):
-    result = run_program("def add(a, b):\n    return a - b\nassert add(2, 2) == 4, 'add is wrong'", FAST, isolation=level)
+    result = run_program("def add(a, b):\n    return a - b\nassert add(2, 2) == 4, 'add is wrong'", FAST, layers=level)
     assert (result.status, result.reason) == ("failed", "AssertionError: add is wrong")
 
 
@@ -67,34 +67,34 @@ def test_a_program_ended_by_a_signal_is_reported_as_killed():
 
 
 def test_a_fork_bomb_is_refused(level):
-    result = run_program("import os\nwhile True:\n    os.fork()", FAST, isolation=level)
+    result = run_program("import os\nwhile True:\n    os.fork()", FAST, layers=level)
     assert result.status == "failed" and ("PermissionError" in result.reason or "BlockingIOError" in result.reason
                                           or "AttributeError" in result.reason)
 
 
 def test_threads_and_subprocesses_are_refused(level):
     program = "import threading\nthreading.Thread(target=print).start()"
-    assert run_program(program, FAST, isolation=level).status == ("failed" if level.processes_limited else "passed")
+    assert run_program(program, FAST, layers=level).status == ("failed" if level.processes_limited else "passed")
     program = "import subprocess\nsubprocess.run(['true'])"
-    assert run_program(program, FAST, isolation=level).status == "failed"
+    assert run_program(program, FAST, layers=level).status == "failed"
 
 
 @pytest.mark.parametrize("program", ["x = bytearray(1 << 30)",
                                      "chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))"])
 def test_a_memory_hog_gets_a_memory_error(level, program):
-    result = run_program(program, FAST, isolation=level)
+    result = run_program(program, FAST, layers=level)
     assert result.status == "failed" and result.reason == "MemoryError"
 
 
 def test_a_file_filler_stops_at_the_file_size_limit(level):
     program = "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * 65536)"
-    result = run_program(program, FAST, isolation=level)
+    result = run_program(program, FAST, layers=level)
     assert result.status == "failed" and "File too large" in result.reason
 
 
 def test_a_program_may_write_files_in_its_own_directory_which_is_removed_afterwards(level):
     program = "import os\nopen('notes.txt', 'w').write('hi')\nprint(os.getcwd())\nprint(open('notes.txt').read())"
-    result = run_program(program, FAST, isolation=level)
+    result = run_program(program, FAST, layers=level)
     workdir, text = result.stdout.splitlines()
     assert result.passed and text == "hi" and not Path(workdir).exists()
 
@@ -109,7 +109,7 @@ def test_a_socket_connection_is_refused(level, program):
     with socket.socket() as server:  # a listener the program would reach without the sandbox
         server.bind(("127.0.0.1", 0))
         server.listen()
-        result = run_program(program.format(port=server.getsockname()[1]), FAST, isolation=level)
+        result = run_program(program.format(port=server.getsockname()[1]), FAST, layers=level)
     assert result.status == "failed" and "PermissionError" in result.reason
 
 
@@ -117,8 +117,8 @@ def test_a_program_cannot_signal_the_evaluator_or_kill_its_parent(level):
     received = []
     previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(1))
     try:
-        to_us = run_program(f"import os, signal\nos.kill({os.getpid()}, signal.SIGUSR1)", FAST, isolation=level)
-        to_parent = run_program("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", FAST, isolation=level)
+        to_us = run_program(f"import os, signal\nos.kill({os.getpid()}, signal.SIGUSR1)", FAST, layers=level)
+        to_parent = run_program("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", FAST, layers=level)
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert received == [] and not to_us.passed and not to_parent.passed
@@ -129,9 +129,9 @@ def test_a_program_cannot_write_outside_its_directory(tmp_path):
     if not level.namespaces:
         pytest.skip("without namespaces the file system stays writable (docs/eval.md)")
     target = tmp_path / "outside.txt"
-    result = run_program(f"open({str(target)!r}, 'w').write('escaped')", FAST, isolation=level)
+    result = run_program(f"open({str(target)!r}, 'w').write('escaped')", FAST, layers=level)
     assert result.status == "failed" and "Read-only file system" in result.reason and not target.exists()
-    result = run_program("open('../escaped.txt', 'w').write('escaped')", FAST, isolation=level)
+    result = run_program("open('../escaped.txt', 'w').write('escaped')", FAST, layers=level)
     assert result.status == "failed" and "Read-only file system" in result.reason
 
 

@@ -143,19 +143,20 @@ def isolation() -> Isolation:
     for namespaces, seccomp in ((True, True), (False, True), (False, False)):
         guess = Isolation(namespaces, seccomp, processes_limited=True)
         try:
-            result = run_program(FORK_PROBE, Limits(wall_seconds=10), isolation=guess)
+            result = run_program(FORK_PROBE, Limits(wall_seconds=10), layers=guess)
         except CapabilityError:
             continue
         return Isolation(namespaces, seccomp, processes_limited=result.passed)
     raise CapabilityError("the sandbox cannot start a program here (its launcher fails even without namespaces)")
 
 
-def run_program(source: str, limits: Limits = Limits(), *, isolation: Isolation | None = None) -> SandboxResult:
-    """Run `source` as `main.py` in a sandbox under `limits`; `isolation` defaults to the probed one.
+def run_program(source: str, limits: Limits = Limits(), *, layers: Isolation | None = None) -> SandboxResult:
+    """Run `source` as `main.py` in a sandbox under `limits` with `layers` (default: the probed `isolation()`).
 
     Raises `CapabilityError` when the sandbox itself cannot be set up (never for what the program does).
     """
-    layers = isolation if isolation is not None else globals()["isolation"]()
+    if layers is None:
+        layers = isolation()
     workdir = Path(tempfile.mkdtemp(prefix="warpdecode-sandbox-"))
     config = {"namespaces": layers.namespaces, "filters": list(layers.filters), "guards": list(layers.guards), "cpu_seconds": limits.cpu,
               "memory_bytes": limits.memory_bytes, "file_bytes": limits.file_bytes, "processes": 0,
@@ -193,7 +194,7 @@ def run_programs(sources: Sequence[str], limits: Limits = Limits(), *, workers: 
     """`run_program` on each source, `workers` at a time, results in the order of `sources`."""
     layers = isolation()
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda source: run_program(source, limits, isolation=layers), sources))
+        return list(pool.map(lambda source: run_program(source, limits, layers=layers), sources))
 
 
 def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, bool]:
