@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_models import eagle_package, save_tiny_model
+from tiny_models import distilled_package, eagle_package, save_tiny_model
 
 from warpdecode import commands
 from warpdecode.models.named import DEFAULT_MODEL, named_model_gguf
@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[Callable[..., Any], list[str], bool]] = {
     "generate": (commands.generate, ["generate", "--model", "{model}", "--prompt", "hello", "--max_new_tokens", "4",
                                      "--threads", "1"], True),
     "convert": (commands.convert, ["convert", "{model}", "{out}/converted"], True),
+    "convert_drafter": (commands.convert_drafter, ["convert_drafter", "{distilled}", "{out}/hf", "--format", "hf",
+                                                   "--model", "{model}"], True),
     "methods": (commands.methods, ["methods"], True),
     "export": (commands.export, ["export", "{out}/package", "--model", "{model}"], False),
     "bench": (commands.bench, ["bench", "--model", "{model}", "--limit", "1", "--categories", "qa", "--max_new_tokens", "4",
@@ -111,6 +113,10 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("serve-method-list", ["serve", "--model", "{model}", "--method", "none,prompt_lookup"]),
     ("serve-backend", ["serve", "--model", "{model}", "--backend", "bogus"]),
     ("serve-threads-0", ["serve", "--model", "{model}", "--threads", "0"]),
+    ("serve-max-num-seqs-0", ["serve", "--model", "{model}", "--max_num_seqs", "0"]),
+    ("serve-max-model-len-huge", ["serve", "--model", "{model}", "--max_model_len", "99999999"]),
+    ("serve-max-model-len-1", ["serve", "--model", "{model}", "--max_model_len", "1"]),
+    ("serve-chunked-prefill-0", ["serve", "--model", "{model}", "--chunked_prefill_size", "0"]),
     # values of the right type that are still wrong: each must be refused with one line
     ("generate-threads-0", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "0"]),
     ("generate-threads-negative", ["generate", "--model", "{model}", "--prompt", "hi", "--threads", "-3"]),
@@ -135,6 +141,12 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("generate-method-spec-not-key-value", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
                                             "prompt_lookup:num_tokens"]),
     ("generate-method-list", ["generate", "--model", "{model}", "--prompt", "hi", "--methods", "none,prompt_lookup"]),
+    ("generate-json-schema-missing", ["generate", "--model", "{model}", "--prompt", "hi", "--json_schema", "/nonexistent/s.json"]),
+    ("generate-grammar-missing", ["generate", "--model", "{model}", "--prompt", "hi", "--grammar", "/nonexistent/g.lark"]),
+    ("generate-regex-invalid", ["generate", "--model", "{model}", "--prompt", "hi", "--regex", "a(b"]),
+    ("generate-regex-lookahead", ["generate", "--model", "{model}", "--prompt", "hi", "--regex", "a(?=b)"]),
+    ("generate-choice-empty", ["generate", "--model", "{model}", "--prompt", "hi", "--choice", ","]),
+    ("generate-two-constraints", ["generate", "--model", "{model}", "--prompt", "hi", "--regex", "a", "--choice", "a,b"]),
     ("generate-verifier", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
                            "--verifier", "bogus"]),
     ("generate-verifier-spec", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
@@ -155,7 +167,26 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("generate-model-empty-dir", ["generate", "--model", "{empty_dir}", "--prompt", "hi"]),
     ("generate-prompt-beyond-context", ["generate", "--model", "{model}", "--prompt", "hello world " * 400]),
     ("generate-no-prompt", ["generate", "--model", "{model}"]),
+    ("generate-stop-empty-in-list", ["generate", "--model", "{model}", "--prompt", "hi", "--stop", '["a", ""]']),
+    ("generate-bad-words-only-commas", ["generate", "--model", "{model}", "--prompt", "hi", "--bad_words", ",,"]),
+    ("generate-eos-token-id-negative-in-list", ["generate", "--model", "{model}", "--prompt", "hi", "--eos_token_id",
+                                                "[2, -5]"]),
     ("generate-unknown-flag", ["generate", "--model", "{model}", "--prompt", "hi", "--bogus", "1"]),
+    ("generate-num-beams-too-many", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "100000"]),
+    ("generate-return-more-than-beams", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "2",
+                                         "--num_return_sequences", "3"]),
+    ("generate-return-sequences-greedy", ["generate", "--model", "{model}", "--prompt", "hi", "--num_return_sequences", "2"]),
+    ("generate-early-stopping", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "2",
+                                 "--early_stopping", "sometimes"]),
+    ("generate-beam-groups-divide", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "4",
+                                     "--num_beam_groups", "3", "--diversity_penalty", "1"]),
+    ("generate-diversity-without-groups", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "4",
+                                           "--diversity_penalty", "1"]),
+    ("generate-beams-with-drafter", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "2",
+                                     "--method", "prompt_lookup"]),
+    ("generate-search-greedy", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "best_of_n:n=2"]),
+    ("generate-search-option", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1",
+                                "--method", "best_of_n:scorer=bogus"]),
     ("unknown-command", ["bogus"]),
     ("bench-backends", ["bench", "--model", "{model}", "--backends", "bogus", "--out", "{out}/b"]),
     ("bench-methods", ["bench", "--model", "{model}", "--methods", "bogus", "--out", "{out}/b"]),
@@ -204,6 +235,25 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("convert-source-missing", ["convert", "/nonexistent/model", "{out}/c"]),
     ("convert-source-garbage", ["convert", "{garbage}", "{out}/c"]),
     ("convert-out-is-a-file", ["convert", "{model}", "{garbage}"]),
+    ("convert-drafter-format", ["convert_drafter", "{distilled}", "{out}/x", "--format", "onnx", "--model", "{model}"]),
+    ("convert-drafter-gguf-name", ["convert_drafter", "{distilled}", "{out}/x", "--format", "gguf", "--model", "{model}"]),
+    ("convert-drafter-no-format", ["convert_drafter", "{distilled}", "{out}/x", "--model", "{model}"]),
+    ("convert-drafter-eagle-layout", ["convert_drafter", "{eagle}", "{out}/x", "--format", "eagle", "--model", "{model}"]),
+    ("convert-drafter-eagle3-layout", ["convert_drafter", "{eagle}", "{out}/x", "--format", "eagle3", "--model", "{model}"]),
+    ("convert-drafter-kind", ["convert_drafter", "{eagle}", "{out}/x", "--format", "hf", "--model", "{model}"]),
+    ("convert-drafter-medusa-of-distilled", ["convert_drafter", "{distilled}", "{out}/x", "--format", "medusa", "--model",
+                                             "{model}"]),
+    ("convert-drafter-source-missing", ["convert_drafter", "/nonexistent/d", "{out}/x", "--format", "hf", "--model",
+                                        "{model}"]),
+    ("convert-drafter-source-garbage", ["convert_drafter", "{garbage}", "{out}/x", "--format", "hf", "--model", "{model}"]),
+    ("convert-drafter-import-empty-dir", ["convert_drafter", "{empty_dir}", "{out}/x", "--format", "warpdecode", "--model",
+                                          "{model}"]),
+    ("convert-drafter-import-garbage", ["convert_drafter", "{garbage}", "{out}/x", "--format", "warpdecode", "--model",
+                                        "{model}"]),
+    ("convert-drafter-out-is-a-file", ["convert_drafter", "{distilled}", "{garbage}", "--format", "hf", "--model",
+                                       "{model}"]),
+    ("convert-drafter-model-missing", ["convert_drafter", "{distilled}", "{out}/x", "--format", "hf", "--model",
+                                       "/nonexistent/model"]),
     ("export-model-missing", ["export", "{out}/p", "--model", "/nonexistent/model"]),
     ("export-drafters-missing", ["export", "{out}/p", "--model", "{model}", "--drafters", "/nonexistent/drafter"]),
     ("export-hidden-layers-text", ["export", "{out}/p", "--model", "{model}", "--hidden_layers", "abc"]),
@@ -360,6 +410,14 @@ DRAFTER_FILES: list[tuple[str, Mutation]] = [
 
 GGUF_HEADER = b"GGUF" + (3).to_bytes(4, "little")
 GGUF_ARGV = ["generate", "--model", "{case_dir}/model.gguf", "--prompt", "hi"]
+def _eagle_weights(extra: dict[str, list[int]]) -> bytes:
+    """An EAGLE-1 checkpoint for the tiny target (d_model 32): fc, plus `extra` tensors of those shapes."""
+    from safetensors.torch import save
+
+    return save({"fc.weight": torch.zeros(32, 64), **{name: torch.zeros(shape) for name, shape in extra.items()}})
+
+
+MEDUSA_ARGV = ["convert_drafter", "{case_dir}", "{out}/d", "--format", "warpdecode", "--model", "{model}"]
 RECIPE_ARGV = ["fit", "--config", "{case_dir}/recipe.yaml", "--trainer.logger", "false"]
 CORPUS_ARGV = ["generate", "--model", "{model}", "--prompt", "hi", "--method", "retrieval:corpus={case_dir}/corpus.npy"]
 RECORD_ARGV = ["regress", "{package}", "--check", "{case_dir}/record.json"]
@@ -386,6 +444,15 @@ STANDALONE_FILES: list[tuple[str, str, bytes | Callable[[], bytes], list[str]]] 
     ("gguf-huge-counts", "model.gguf", GGUF_HEADER + (1 << 60).to_bytes(8, "little") * 2, GGUF_ARGV),
     ("gguf-huge-string", "model.gguf", GGUF_HEADER + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
      + (1 << 60).to_bytes(8, "little") + b"key", GGUF_ARGV),
+    ("medusa-weights-garbage", "medusa_lm_head.safetensors", lambda: os.urandom(1024), MEDUSA_ARGV),
+    ("medusa-weights-no-config", "medusa_lm_head.safetensors",
+     _safetensors_header({"0.0.linear.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}) + b"\0" * 4,
+     MEDUSA_ARGV),
+    ("eagle-weights-truncated", "model.safetensors",
+     _safetensors_header({"fc.weight": {"dtype": "F32", "shape": [32, 64], "data_offsets": [0, 8192]}}), MEDUSA_ARGV),
+    ("eagle-weights-wrong-shapes", "model.safetensors", lambda: _eagle_weights({"layers.0.self_attn.q_proj.weight": [8, 8]}),
+     MEDUSA_ARGV),
+    ("eagle-weights-missing-layer", "model.safetensors", lambda: _eagle_weights({}), MEDUSA_ARGV),
     ("recipe-empty", "recipe.yaml", b"", RECIPE_ARGV),
     ("recipe-syntax", "recipe.yaml", b"model: [unclosed\n", RECIPE_ARGV),
     ("recipe-python-tag", "recipe.yaml", b"model: !!python/object/apply:os.system ['echo pwned']\n", RECIPE_ARGV),
@@ -435,10 +502,12 @@ def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     model, tokenizer = load_pretrained(model_dir)
     package = export_package(model, tokenizer, root / "package", source="tiny")
     drafter = Path(eagle_package(model, root / "eagle"))
+    distilled = Path(distilled_package(model, root / "distilled"))
     garbage = root / "garbage.bin"
     garbage.write_bytes(os.urandom(1024))
     (root / "empty").mkdir()
-    fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty"}
+    fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty",
+             "eagle": drafter, "distilled": distilled}
 
     sources: dict[str, tuple[Path, Mutation | None]] = {}
     for name, mutate in MODEL_FILES:

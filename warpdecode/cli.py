@@ -42,8 +42,8 @@ def command_functions() -> list[Callable[..., None]]:
     are its flags and their help."""
     from warpdecode import commands
 
-    return [commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.eval, commands.regress,
-            commands.prompts, commands.self_chat, commands.serve]
+    return [commands.convert, commands.convert_drafter, commands.export, commands.generate, commands.methods, commands.bench,
+            commands.eval, commands.regress, commands.prompts, commands.self_chat, commands.serve]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,3 +123,24 @@ def test_humaneval_on_the_real_model_completes_the_raw_prompt(smollm2):
     assert sample.text == expected.text and sample.scored == truncate_completion(expected.text)
     assert (sample.new_tokens, sample.target_forwards) == (len(expected.token_ids), expected.stats.target_forwards)
     assert result.summary()["pass@1"] == float(sample.correct) and result.sandbox
+
+
+def test_humaneval_completions_stop_at_the_stop_sequences_and_chat_replies_do_not():
+    from warpdecode.data.humaneval import STOP_SEQUENCES
+
+    assert HumanEvalTask(EvalConfig(task="humaneval")).stop == STOP_SEQUENCES
+    assert HumanEvalTask(EvalConfig(task="humaneval", chat=True)).stop == ()
+    assert GSM8KTask(EvalConfig(task="gsm8k")).stop == ()
+
+
+@pytest.mark.parametrize("options", [{"method": "best_of_n:n=2", "temperature": 1.0, "seed": 3},
+                                     {"num_beams": 2}])
+def test_eval_takes_a_search_strategy_or_beams(datasets, tiny_model_dir, tmp_path, options):
+    out = tmp_path / "search.json"
+    commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=4, limit=1, output=out, threads=1,
+                  **options)
+    result = json.loads(out.read_text())
+    (sample,) = result["problems"][0]["samples"]
+    assert result["summary"]["method"] == options.get("method", "none")
+    assert result["config"]["num_beams"] == options.get("num_beams", 1)
+    assert 0 < sample["new_tokens"] <= 4 and result["summary"]["tokens"] == sample["new_tokens"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ class Gate:
         self.inner = inner
         self.permits = threading.Semaphore(0)
         self.waiting = threading.Event()
+        self.passed = 0
+        """Forwards that got a permit."""
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -44,15 +47,25 @@ class Gate:
         self.waiting.set()
         self.permits.acquire()
         self.waiting.clear()
+        self.passed += 1
         return self.inner(*args, **kwargs)
 
     def release(self, n: int = 1) -> None:
         self.permits.release(n)
 
+    def hold_after(self, n: int, timeout: float = 30) -> None:
+        """Wait until `n` forwards have passed and the next one waits for a permit."""
+        deadline = time.monotonic() + timeout
+        while not (self.passed >= n and self.waiting.is_set()):
+            assert time.monotonic() < deadline, f"{self.passed} forwards passed, waiting for {n}"
+            time.sleep(0.001)
+
 
 def serve_in_thread(target, tokenizer, **options) -> Iterator[Served]:
     metrics = ServerMetrics()
-    scheduler = Scheduler(target, tokenizer, metrics=metrics, max_queue=options.pop("max_queue", 8))
+    scheduler = Scheduler(target, tokenizer, metrics=metrics, max_queue=options.pop("max_queue", 8),
+                          max_num_seqs=options.pop("max_num_seqs", 8), max_model_len=options.pop("max_model_len", None),
+                          chunked_prefill_size=options.pop("chunked_prefill_size", None))
     app = create_app(scheduler, model_name=MODEL_NAME, **options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

@@ -35,6 +35,7 @@ from warpdecode.data.humaneval import (
 )
 from warpdecode.decoding.engine import Method
 from warpdecode.decoding.generate import generate
+from warpdecode.decoding.search.protocols import SearchStrategy
 from warpdecode.errors import ConfigError
 from warpdecode.io import atomic_file
 from warpdecode.metrics.open_ended import DistinctN, SelfBLEU, WordIds
@@ -51,6 +52,9 @@ class EvalConfig:
     method: str = "none"
     limit: int | None = None
     num_return_sequences: int = 1
+    """Samples per problem, from independent `generate()` calls."""
+    num_beams: int = 1
+    """> 1: each sample is the best of a beam search with this many beams (docs/search.md)."""
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_k: int | None = None
@@ -70,6 +74,8 @@ class EvalConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.num_return_sequences < 1:
             raise ConfigError(f"--num-return-sequences must be >= 1, got {self.num_return_sequences}")
+        if self.num_beams < 1:
+            raise ConfigError(f"--num-beams must be >= 1, got {self.num_beams}")
         if self.num_return_sequences > 1 and self.temperature == 0:
             raise ConfigError("--num-return-sequences > 1 needs --temperature > 0 (greedy samples are all the same)")
         if self.temperature < 0:
@@ -130,6 +136,11 @@ class Task:
     def prompt(self, problem: Any) -> str:
         raise NotImplementedError
 
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """Stop strings that end a sample's generation (its text ends before the stop string)."""
+        return ()
+
     def score(self, problem: Any, texts: list[str]) -> list[tuple[str, bool, str]]:
         """(what was scored, correct, reason) of each generated text."""
         raise NotImplementedError
@@ -150,9 +161,12 @@ class HumanEvalTask(Task):
     def prompt(self, problem: HumanEvalProblem) -> str:
         return chat_prompt(problem) if self.config.use_chat else problem.prompt
 
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return () if self.config.use_chat else STOP_SEQUENCES
+
     def score(self, problem: HumanEvalProblem, texts: list[str]) -> list[tuple[str, bool, str]]:
-        # TODO(#39): stop generation at STOP_SEQUENCES once generate() takes stop strings; until then
-        # every sample runs to max_new_tokens or EOS and is cut here (its tokens count in full).
+        # cut here too: a search takes no stop strings yet, so its samples run to max_new_tokens or EOS
         if self.config.use_chat:
             candidates = [chat_candidate(problem, text) for text in texts]
             scored = candidates
@@ -251,11 +265,14 @@ def diversity(texts_per_problem: list[list[str]]) -> dict[str, float | None]:
 
 
 def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, config: EvalConfig, *, model_name: str,
-             emit: Callable[[str], None] = log_line) -> EvalResult:
-    """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`."""
+             search: SearchStrategy | None = None, emit: Callable[[str], None] = log_line) -> EvalResult:
+    """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`, or
+    with the `search` strategy (best-of-N, First Finish Search...; each sample is its best candidate)."""
     task = TASKS[config.task](config)
     problems = task.problems()
     n, sampling = config.num_return_sequences, config.temperature > 0
+    searching = search is not None or config.num_beams > 1
+    stop = () if searching else task.stop  # a search takes no stop strings yet: its samples are cut when scored
     lines = ProgressLines(f"eval {config.task}", total=len(problems) * n, unit="samples", every=30.0, emit=emit)
     results, passed = [], 0
     for j, problem in enumerate(problems):
@@ -265,7 +282,8 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
             started = time.perf_counter()
             out = generate(target, tokenizer, task.prompt(problem), max_new_tokens=config.max_new_tokens,
                            do_sample=sampling, temperature=config.temperature if sampling else 1.0,
-                           top_k=config.top_k, top_p=config.top_p, seed=seed, chat=config.use_chat, method=method)
+                           top_k=config.top_k, top_p=config.top_p, seed=seed, chat=config.use_chat, method=method,
+                           stop=stop, num_beams=config.num_beams, search=search)
             outputs.append((out, time.perf_counter() - started, seed))
             lines.update(j * n + i + 1, correct=f"{passed}/{j * n} scored")
         scores = task.score(problem, [out.text for out, _, _ in outputs])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.backbone import Backbone
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 
 
 @dataclass
@@ -44,8 +48,17 @@ def run(
     max_new_tokens: int,
     stop_ids: set[int],
     on_tokens: Callable[[list[int]], None] | None = None,
+    constraint: ConstrainedDecoding | None = None,
+    stop_check: Callable[[list[int]], int | None] | None = None,
 ) -> tuple[list[int], FinishReason, DecodeStats]:
-    """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget."""
+    """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget.
+
+    `constraint` keeps the output in a grammar: it masks every logits row with its own context's
+    allowed tokens (after the penalties), cuts the tree's forbidden drafts and ends on the grammar's
+    stop token (`decoding/constraints/tree_mask.py`). `stop_check` (stop strings,
+    `StopStrings.check`) sees each batch of emitted tokens before `on_tokens` and returns how many of
+    them to keep when generation ends inside them (finish "stop").
+    """
     device = target.embed.weight.device
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)
@@ -61,9 +74,14 @@ def run(
     logits = out.logits[:, -1]  # (1, V)
     if sampler.penalties:
         logits = sampler.penalize(logits, TokenHistory.single(prompt_ids, len(prompt_ids)))
+    if constraint is not None:
+        logits = constraint.mask_next(logits)
     pending = int(sampler.select(logits)[0])
+    if constraint is not None:
+        constraint.commit([pending])
     stats.time_to_first_token = time.perf_counter() - start
     new = [pending]
+    stopped = stop_check is not None and stop_check(new) is not None
     state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
                         {k: v[0] for k, v in out.hidden_states.items()}, torch.tensor(prompt_ids[-1:]), out.logits[0])
     if on_tokens is not None:
@@ -72,7 +90,7 @@ def run(
     method.controller.start(state)
 
     finish: FinishReason = "length"
-    while pending not in stop_ids and len(new) < max_new_tokens:
+    while not stopped and pending not in stop_ids and len(new) < max_new_tokens and not (constraint is not None and constraint.done):
         if cache.max_len - int(cache.lengths[0]) < 1:
             finish = "context"
             break
@@ -81,6 +99,8 @@ def run(
         tree = method.drafter.propose(state, min(method.controller.budget(state), room))
         if tree.size > room:
             raise RuntimeError(f"drafter proposed {tree.size} nodes with a budget of {room}")
+        if constraint is not None:
+            tree = constraint.shape(tree, room)
         t1 = time.perf_counter()
         tree_start = cache.lengths.clone()
         tokens, positions, mask = tree.verify_inputs(pending, int(tree_start[0]))
@@ -92,6 +112,8 @@ def run(
         if sampler.penalties:
             history = TokenHistory(torch.tensor(state.tokens), len(prompt_ids), ((),) + tuple(candidates.path_tokens()))
             logits = sampler.penalize(logits, history)
+        if constraint is not None:
+            logits = constraint.mask(logits)
         verified_hidden = {k: out.hidden_states[k][0, : candidates.size + 1] for k in method.verifier.needs_hidden_states}
         result = method.verifier.accept(candidates, logits, sampler, verified_hidden)
         kept = [0] + [node + 1 for node in result.path]  # forward indices: pending, then the accepted nodes
@@ -105,6 +127,10 @@ def run(
             if token in stop_ids:
                 emitted = emitted[: i + 1]
                 break
+        if constraint is not None:
+            emitted = constraint.commit(emitted)
+        if stop_check is not None and (keep := stop_check(emitted)) is not None:
+            emitted, stopped = emitted[:keep], True
         state.tokens.extend(emitted)
         new.extend(emitted)
         pending = emitted[-1]
@@ -112,13 +138,16 @@ def run(
         stats.accepted_per_step.append(len(result.path))
         stats.proposed_per_step.append(result.proposed)
         stats.divergent_tokens += result.divergent
-        method.drafter.observe(state, result)
-        method.controller.observe(result)
+        if constraint is None or not constraint.done:  # a grammar's stop token may end the request inside the path
+            method.drafter.observe(state, result)
+            method.controller.observe(result)
         stats.draft_seconds += (t1 - t0) + (time.perf_counter() - t2)
         stats.target_seconds += t2 - t1
         if on_tokens is not None:  # the caller's streaming time counts in neither
             on_tokens(emitted)
-    if pending in stop_ids:
+    if stopped:
+        finish = "stop"
+    elif pending in stop_ids or (constraint is not None and constraint.done):
         finish = "eos"
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = len(new)

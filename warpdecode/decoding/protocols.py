@@ -90,6 +90,12 @@ class Drafter(Protocol):
     """Target hidden-state layers this drafter reads from `DecodeState.hidden_states` (known after `prepare`)."""
     lossless: ClassVar[bool] = True
     """A drafter only proposes: what is emitted is the verifier's choice (see `Verifier.lossless`)."""
+    drafts: ClassVar[bool] = True
+    """It proposes tokens; False for the empty drafter (plain decoding)."""
+    supports_batch: ClassVar[bool] = False
+    """It drafts for a row of a continuous batch (`decoding/continuous.py`): it reads only the row's
+    tokens and the logits of its last forward (`DecodeState.tokens`, `forward_*`), never the
+    target's cache, hidden states or a forward of its own."""
     needs_training: ClassVar[bool] = False
     """Runs a trained drafter package (`path=`), made with `warpdecode fit`."""
     net_class: ClassVar[type[DraftVocabNet] | None] = None

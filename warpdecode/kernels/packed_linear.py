@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from warpdecode.kernels.invariance import rows_invariant
+
 PACK_BATCH_HINT = 8
 """Rows oneDNN tunes the packed layout for; measured best for 1..64 rows on the default model."""
 
@@ -62,6 +64,9 @@ class PackedWeight:
         return not torch.is_grad_enabled() and x.dtype == torch.float32 and self.fresh_for(weights)
 
     def __call__(self, x: Tensor) -> Tensor:
+        return rows_invariant(self._matmul, x)
+
+    def _matmul(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 

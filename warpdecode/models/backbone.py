@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from torch import Tensor, nn
 
@@ -32,6 +32,10 @@ class Backbone(Protocol):
     config: ModelConfig
     embed: nn.Embedding
     """The input token embedding (V, C); drafters read it, and its weight names the device and dtype."""
+    supports_continuous_batching: ClassVar[bool]
+    """Rows may decode together in one forward through row views of one cache (`KVCache.rows`), each
+    computing the numbers it computes alone (`kernels/invariance.py`): what `decoding/continuous.py`
+    and the server's batching need."""
 
     def __call__(
         self,

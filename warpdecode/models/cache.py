@@ -46,12 +46,16 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        zeroed: bool = True,
     ) -> None:
+        """`zeroed=False` leaves the storage unwritten, so that memory is only taken as rows fill: for a
+        pool of rows whose forwards never read a slot before writing it (`decoding/continuous.py`)."""
         if batch <= 0 or max_len <= 0:
             raise ConfigError(f"cache needs batch > 0 and max_len > 0, got batch={batch}, max_len={max_len}")
         shape = (n_layer, batch, n_kv_head, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        alloc = torch.zeros if zeroed else torch.empty
+        self.k = alloc(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        self.v = alloc(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
         self.lengths = torch.zeros(batch, dtype=torch.int64)  # (B,) on CPU: read every step, never synced
         self.max_len = max_len
 
@@ -64,10 +68,12 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        zeroed: bool = True,
     ) -> KVCache:
         if max_len > config.max_seq_len:
             raise ConfigError(f"cache length {max_len} exceeds the model's context of {config.max_seq_len} tokens")
-        return cls(config.n_layer, batch, config.kv_head_count, max_len, config.head_width, dtype=dtype, device=device)
+        return cls(config.n_layer, batch, config.kv_head_count, max_len, config.head_width, dtype=dtype, device=device,
+                   zeroed=zeroed)
 
     @property
     def batch(self) -> int:
@@ -158,6 +164,30 @@ class KVCache:
         self.v[:, :, :, span] = source.v[:, :, :, span][index]
         self.lengths = torch.full((self.batch,), end, dtype=torch.int64)
 
+    def rows(self, first: int, stop: int) -> KVCache:
+        """Rows `first .. stop-1` as a cache of their own that shares this one's storage (a forward over
+        some rows of a slot pool); its lengths are a copy: write them back with `set_rows` after use."""
+        if not 0 <= first < stop <= self.batch:
+            raise ValueError(f"rows [{first}, {stop}) are not rows of a {self.batch}-row cache")
+        view = object.__new__(KVCache)
+        view.k, view.v = self.k[:, first:stop], self.v[:, first:stop]  # (L, stop - first, Hkv, S, D) views
+        view.lengths = self.lengths[first:stop].clone()
+        view.max_len = self.max_len
+        return view
+
+    def set_rows(self, first: int, view: KVCache) -> None:
+        """Take the lengths of a `rows(first, ...)` view after a forward through it."""
+        self.lengths[first : first + view.batch] = view.lengths
+
+    def move_row(self, source: int, target: int, *, of: KVCache | None = None) -> None:
+        """Copy row `source`'s valid positions (of cache `of`, default this one) into row `target`,
+        which then holds them; `source` keeps its copy."""
+        origin = self if of is None else of
+        n = int(origin.lengths[source])
+        self.k[:, target, :, :n] = origin.k[:, source, :, :n]
+        self.v[:, target, :, :n] = origin.v[:, source, :, :n]
+        self.lengths[target] = n
+
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these rows, in this order (finished rows leave a batch); copies the cache."""
         if not rows or any(not 0 <= r < self.batch for r in rows):
@@ -166,6 +196,41 @@ class KVCache:
         self.k = self.k[:, index.to(self.k.device)].contiguous()
         self.v = self.v[:, index.to(self.v.device)].contiguous()
         self.lengths = self.lengths[index]
+
+    def fill_from_row(self, source: KVCache, row: int = 0) -> None:
+        """Every row of this cache takes `source` row `row`'s valid positions and length (n candidates
+        of one prompt start from its one prefill). The caches must have as many layers and heads."""
+        n = int(source.lengths[row])
+        if n > self.max_len:
+            raise ValueError(f"row of {n} positions does not fit a cache of {self.max_len}")
+        self.k[:, :, :, :n] = source.k[:, row : row + 1, :, :n]  # broadcast over B
+        self.v[:, :, :, :n] = source.v[:, row : row + 1, :, :n]
+        self.lengths = torch.full((self.batch,), n, dtype=torch.int64)
+
+    def reorder_rows(self, parents: list[int], begin: int = 0) -> None:
+        """Row i takes row `parents[i]`'s positions [begin, length) (beam search: each beam continues its
+        parent), gathered in one index select; rows that keep their own contents are not copied, and
+        positions before `begin` (a prefix every row shares, e.g. the prompt) are left where they are.
+        Every row must hold the same number of positions.
+
+        Example: parents [0, 0, 2] copies row 0 onto row 1 only.
+        """
+        if len(parents) != self.batch or any(not 0 <= p < self.batch for p in parents):
+            raise ValueError(f"reorder_rows needs {self.batch} row indices in [0, {self.batch}), got {parents}")
+        end = int(self.lengths.max())
+        if not bool((self.lengths == end).all()):
+            raise ValueError(f"reorder_rows needs rows of one length, got {self.lengths.tolist()}")
+        moved = [(i, p) for i, p in enumerate(parents) if p != i]
+        if not moved or end <= begin:
+            return
+        device = self.k.device
+        dst = torch.tensor([i for i, _ in moved], device=device)
+        src = torch.tensor([p for _, p in moved], device=device)
+        span = slice(begin, end)
+        # The right side is gathered into a new tensor first, so a row that is both a source and a
+        # destination is read before it is overwritten.
+        self.k[:, dst, :, span] = self.k[:, src, :, span]
+        self.v[:, dst, :, span] = self.v[:, src, :, span]
 
     def commit(self, tree_start: Tensor, path: Tensor, num_accepted: Tensor) -> None:
         """Keep an accepted root-to-leaf path of the last tree forward and drop the other nodes.

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.invariance import is_batch_invariant
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.models.backbone import BackboneOutput
@@ -50,6 +51,33 @@ class LayerContext:
     slots: Tensor | None = None
     """(T,) int64 cache slots on the device for the new tokens (`Transformer.forward_static`); the
     layers then read the whole cache instead of `plan`'s used prefix."""
+    seen: dict[str, list[list[int | Tensor]]] = field(default_factory=dict)
+    """`visible_keys(mask)`, computed by the first layer that needs it and shared by the others."""
+
+    def visible(self) -> list[list[int | Tensor]]:
+        if "keys" not in self.seen:
+            assert self.mask is not None
+            self.seen["keys"] = visible_keys(self.mask)
+        return self.seen["keys"]
+
+
+def visible_keys(mask: Tensor) -> list[list[int | Tensor]]:
+    """The keys each query of each row sees: `n` when they are the first `n` slots (a chain, or any
+    query whose ancestors are the nodes just before it), else their (S_visible,) slot indices.
+
+    Example: a row whose 10 cached slots are followed by the tree pending → {a, b}, a → c: the pending
+    token sees 11 slots, `a` 12, `b` slots 0..10 and 12 (not `a`'s 11), `c` 0..11 and 13.
+
+    Args:
+        mask: (B, 1, T, S) bool, which slots each query sees.
+    """
+    counts = mask.sum(-1)[:, 0]  # (B, T)
+    prefix = ((torch.arange(mask.shape[-1], device=mask.device) < counts[..., None]) == mask[:, 0]).all(-1)  # (B, T)
+    out: list[list[int | Tensor]] = []
+    for b, (row_counts, row_prefix) in enumerate(zip(counts.tolist(), prefix.tolist(), strict=True)):
+        out.append([n if is_prefix else mask[b, 0, i].nonzero().squeeze(1)
+                    for i, (n, is_prefix) in enumerate(zip(row_counts, row_prefix, strict=True))])
+    return out
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -177,21 +205,42 @@ class Attention(nn.Module):
             assert ctx.plan is not None
             k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
         gqa = self.n_kv_head != self.n_head
-        if self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
-            y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, None if ctx.mask is None else ctx.mask[0, 0, i])
-                           for i in range(T)], dim=2)  # (1, H, T, D)
+        if ctx.plan is not None and (B > 1 or T > 1) and is_batch_invariant():
+            y = self._invariant(q, k, v, ctx)  # (B, H, T, D)
+        elif self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
+            keys: list[int | Tensor] = ctx.visible()[0] if ctx.mask is not None else [k.shape[2]] * T
+            y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, keys[i]) for i in range(T)], dim=2)  # (1, H, T, D)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal,
                                                enable_gqa=gqa)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
-    def _one_row(self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None) -> Tensor:
+    def _invariant(self, q: Tensor, k: Tensor, v: Tensor, ctx: LayerContext) -> Tensor:
+        """Every query of every row over exactly the keys it sees, in cache order (`batch_invariant()`):
+        what that position computes alone in a one-token step, whatever else the forward holds.
+        q: (B, H, T, D); k, v: (B, Hkv, S_used, D). Returns (B, H, T, D)."""
+        B, _, T, _ = q.shape
+        gqa = self.n_kv_head != self.n_head
+        if T == 1:
+            assert ctx.plan is not None
+            lengths = (ctx.plan.start + 1).tolist()  # each row's keys: its cache and the new token
+            return torch.cat([F.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
+                                                             enable_gqa=gqa) for b, n in enumerate(lengths)])
+        if ctx.mask is None:
+            raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
+        keys = ctx.visible()
+        return torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], keys[b][i])
+                                     for i in range(T)], dim=2) for b in range(B)])
+
+    def _one_row(self, q: Tensor, k: Tensor, v: Tensor, keys: int | Tensor) -> Tensor:
         """One query row over exactly the keys it sees, in cache order and unmasked, as a one-token step
-        computes it. q: (1, H, 1, D); k, v: (1, Hkv, S, D); visible: (S,) bool or None (all)."""
-        if visible is not None:
-            keep = visible.nonzero().squeeze(1)  # (S_visible,)
-            k, v = k.index_select(2, keep), v.index_select(2, keep)
+        computes it. q: (1, H, 1, D); k, v: (1, Hkv, S, D); keys: the first `keys` slots, or (S_visible,)
+        slot indices (`visible_keys`)."""
+        if isinstance(keys, int):
+            k, v = k[:, :, :keys], v[:, :, :keys]
+        else:
+            k, v = k.index_select(2, keys), v.index_select(2, keys)
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.n_kv_head != self.n_head)
 
 
@@ -240,6 +289,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    supports_continuous_batching: ClassVar[bool] = True
     inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
     _head_packed: PackedWeight | None = None  # packed tied LM head, see `pack_for_cpu_inference`
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -84,6 +84,7 @@ class CudaGraphBackbone:
     """The `Backbone` protocol over a `Transformer`, replaying a captured graph for each decode or
     verify forward of one row (see the module docstring). `graphs=False` runs the same padded static
     forward eagerly: the reference the tests compare with, and a CPU stand-in."""
+    supports_continuous_batching: ClassVar[bool] = False  # rows decode one request at a time
 
     def __init__(self, model: Transformer, *, graphs: bool = True, max_graphs: int = MAX_GRAPHS) -> None:
         device = model.embed.weight.device

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -82,6 +82,7 @@ class OnnxRuntimeBackbone:
         embeds_graph: the same graph taking input embeddings (`export.embeds_graph`), or None: then
             `inputs_embeds` raises `CapabilityError`.
     """
+    supports_continuous_batching: ClassVar[bool] = False  # rows decode one request at a time
 
     def __init__(self, graph: Path, config: ModelConfig, fingerprint: str, hidden_layers: Sequence[int],
                  embed: Tensor, lm_head: Tensor | None = None, *, torch_loader: Callable[[], Transformer] | None = None,

@@ -23,6 +23,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from warpdecode.decoding.constraints.formats import compile_response_format
+from warpdecode.decoding.constraints.llguidance_matcher import Grammar
 from warpdecode.decoding.generate import prompt_ids
 from warpdecode.decoding.sampler import SamplingConfig
 from warpdecode.decoding.specs import MethodSpec, parse_method
@@ -80,7 +82,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
     """The server's app around a (not yet started) `scheduler`; its lifespan starts the scheduler and,
     at shutdown, lets it finish the requests it holds."""
     target, tokenizer, metrics = scheduler.target, scheduler.tokenizer, scheduler.metrics
-    context = target.config.max_seq_len
+    context = scheduler.max_model_len
     created = int(time.time())
     _spec(default_method, scheduler)  # a bad --method is refused before the server listens
 
@@ -187,13 +189,16 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         except WarpdecodeError as error:
             raise bad_request(one_line(error)) from None
         spec = _spec(req.speculation or default_method, scheduler)
+        grammar = None
+        if req.response_format is not None and req.response_format.type != "text":
+            grammar = await run_in_threadpool(_grammar, req.response_format.as_dict(), scheduler)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
         def emit(event: Event) -> None:  # called from the scheduler's thread
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = Job(ids, max_tokens, sampling, spec, req.stops(), emit)
+        job = Job(ids, max_tokens, sampling, spec, req.stops(), emit, grammar=grammar)
         scheduler.submit(job)
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": model_name}
@@ -235,6 +240,15 @@ def _prompt_ids(encode: Callable[[], list[int]], param: str) -> list[int]:
     except WarpdecodeError as error:
         code = "context_length_exceeded" if "context" in str(error) else None
         raise bad_request(one_line(error), param, code) from None
+
+
+def _grammar(response_format: dict[str, Any], scheduler: Scheduler) -> Grammar | None:
+    """The compiled grammar of a request's `response_format` (400 naming the field when it is bad)."""
+    try:
+        return compile_response_format(response_format, scheduler.tokenizer,  # type: ignore[arg-type]
+                                       vocab_size=scheduler.target.config.vocab_size, stop_ids=scheduler.stop_ids)
+    except WarpdecodeError as error:
+        raise bad_request(f"response_format: {one_line(error)}", "response_format") from None
 
 
 def _spec(text: str, scheduler: Scheduler) -> MethodSpec:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 TAU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 
 
@@ -23,6 +24,8 @@ class ServerMetrics:
                                 ["endpoint", "status"], registry=r)
         self.queue_depth = Gauge("warpdecode_queue_depth", "Requests accepted and waiting for the model", registry=r)
         self.batch_size = Gauge("warpdecode_batch_size", "Requests the model is decoding now", registry=r)
+        self.step_rows = Histogram("warpdecode_step_rows", "Requests decoded by each batched step (one forward)",
+                                   buckets=ROWS_BUCKETS, registry=r)
         self.prompt_tokens = Counter("warpdecode_prompt_tokens", "Prompt tokens of the requests decoded", registry=r)
         self.generated_tokens = Counter("warpdecode_generated_tokens", "Tokens generated", registry=r)
         self.tokens_per_second = Gauge("warpdecode_tokens_per_second",

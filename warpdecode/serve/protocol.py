@@ -64,6 +64,31 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and, as extensions,
+    warpdecode's `regex`, `grammar` (Lark or GBNF) and `choice` (docs/structured-output.md)."""
+
+    type: Literal["text", "json_object", "json_schema", "regex", "grammar", "choice"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choices: list[str] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The format as `generate(response_format=...)` takes it."""
+        out = self.model_dump(exclude_none=True, by_alias=True)
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema.model_dump(exclude_none=True, by_alias=True)
+        return out
+
+
 class _Sampling(_Strict):
     """The fields both endpoints share."""
 
@@ -83,6 +108,7 @@ class _Sampling(_Strict):
     user: str | None = None
     speculation: str | None = None
     """The decoding method of this request, `NAME[:KEY=VALUE...]` (default: the server's --method)."""
+    response_format: ResponseFormat | None = None
 
     def check_common(self) -> None:
         """Refuse what the server accepts in the schema but cannot honour."""
@@ -136,17 +162,12 @@ class CompletionRequest(_Sampling):
         return prompt  # type: ignore[return-value]
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text"]
-
-
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -17,7 +17,8 @@ from warpdecode.serve.scheduler import Scheduler
 
 def build_server(target: Backbone, tokenizer: Tokenizer | None, *, model_name: str, method: str = "none",
                  drafter_options: dict[str, dict] | None = None, host: str = "127.0.0.1", port: int = 8000,
-                 max_queue: int = 64, log_level: str = "info") -> uvicorn.Server:
+                 max_queue: int = 64, max_num_seqs: int = 16, max_model_len: int | None = None,
+                 chunked_prefill_size: int | None = None, log_level: str = "info") -> uvicorn.Server:
     """A uvicorn server for `target` (not started: `.run()` blocks until a signal ends it)."""
     if not target.config.causal:
         raise ConfigError("serve runs causal language models; a diffusion LM decodes with `warpdecode generate`")
@@ -27,8 +28,16 @@ def build_server(target: Backbone, tokenizer: Tokenizer | None, *, model_name: s
         raise ConfigError(f"--port must be in [0, 65535], got {port}")
     if max_queue < 1:
         raise ConfigError(f"--max-queue must be >= 1, got {max_queue}")
+    if max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+    if max_model_len is not None and not 2 <= max_model_len <= target.config.max_seq_len:
+        raise ConfigError(f"--max-model-len must be in [2, {target.config.max_seq_len}] (the model's context), "
+                          f"got {max_model_len}")
+    if chunked_prefill_size is not None and chunked_prefill_size < 1:
+        raise ConfigError(f"--chunked-prefill-size must be >= 1, got {chunked_prefill_size}")
     scheduler = Scheduler(target, tokenizer, metrics=ServerMetrics(), max_queue=max_queue,
-                          drafter_options=drafter_options)
+                          drafter_options=drafter_options, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          chunked_prefill_size=chunked_prefill_size)
     try:
         app = create_app(scheduler, model_name=model_name, default_method=method)
         scheduler.method(parse_method(method).with_defaults(scheduler.drafter_options), do_sample=False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
+from typing import ClassVar
 
 import torch
 
@@ -36,6 +37,8 @@ Candidates = tuple[list[int], list[float]]
 
 @register("drafter", "adaptive_ngram")
 class AdaptiveNgramDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
+
     def __init__(self, top_k: int = 4, num_nodes: int = 8, max_depth: int = 8, max_entries: int = 500_000,
                  search: str = "best_first", simulations: int = 32, exploration: float = 0.5) -> None:
         """Args:

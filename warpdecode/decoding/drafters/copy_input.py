@@ -18,6 +18,8 @@ resume at the read position → draft "mat .", accepted.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -45,6 +47,8 @@ def align(source: list[int], output: list[int], expected: int, max_ngram: int, n
 
 @register("drafter", "copy_input")
 class CopyInputDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
+
     def __init__(self, num_tokens: int = 12, max_ngram: int = 4, near: int = 3) -> None:
         """Args:
         num_tokens: longest span copied per step.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -10,6 +12,9 @@ from warpdecode.models.backbone import Backbone
 
 @register("drafter", "none")
 class EmptyDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
+    drafts: ClassVar[bool] = False
+
     def prepare(self, target: Backbone) -> None:
         pass
 

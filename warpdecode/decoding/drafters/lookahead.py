@@ -19,6 +19,8 @@ it keeps iterating; n-grams remain valid wherever their first token reappears.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
@@ -30,6 +32,8 @@ from warpdecode.models.backbone import Backbone
 
 @register("drafter", "lookahead")
 class LookaheadDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
+
     def __init__(self, window: int = 4, ngram: int = 3, max_candidates: int = 3, pool_size: int = 8) -> None:
         """Args:
         window: Jacobi window length (auxiliary rows per verify forward).

@@ -48,6 +48,7 @@ def scaled_length(num_tokens: int, n: int, max_ngram: int) -> int:
 
 @register("drafter", "prompt_lookup")
 class PromptLookupDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
     device_drafter: ClassVar[type[DevicePromptLookup]] = DevicePromptLookup
     """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from functools import cache
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -99,6 +100,8 @@ def trie_tree(continuations: np.ndarray, num_nodes: int) -> DraftTree:
 
 @register("drafter", "retrieval")
 class RetrievalDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
+
     def __init__(self, corpus: str = "stdlib", tokenizer: str = DEFAULT_MODEL, max_tokens: int = 4_000_000,
                  num_nodes: int = 8, depth: int = 6, max_matches: int = 64, max_ngram: int = 8) -> None:
         """Args:

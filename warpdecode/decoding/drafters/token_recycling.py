@@ -27,6 +27,7 @@ from warpdecode.models.backbone import Backbone
 
 @register("drafter", "token_recycling")
 class TokenRecyclingDrafter(Drafter):
+    supports_batch: ClassVar[bool] = True
     device_drafter: ClassVar[type[DeviceTokenRecycling]] = DeviceTokenRecycling
     """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 

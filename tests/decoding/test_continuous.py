@@ -1,0 +1,259 @@
+"""Continuous batching: rows join and leave between steps, and a row's numbers never depend on its batch."""
+
+import pytest
+import torch
+from tiny_models import random_model
+
+from warpdecode.decoding.continuous import ContinuousBatch, Row
+from warpdecode.decoding.generate import generate
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.errors import ConfigError
+from warpdecode.models.config import ModelConfig
+from warpdecode.models.transformer import Transformer
+
+PROMPTS = [[5, 6, 7], list(range(10, 30)), [1, 2, 3, 4, 5, 6, 7, 8, 9], [40, 41], list(range(3, 14))]
+
+
+class RecordingSampler(Sampler):
+    """A sampler that keeps every logits row it chooses from, to compare them bit for bit."""
+
+    def __init__(self, config: SamplingConfig) -> None:
+        super().__init__(config)
+        self.seen: list[torch.Tensor] = []
+
+    def select(self, logits: torch.Tensor) -> torch.Tensor:
+        self.seen.append(logits.clone())
+        return super().select(logits)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_model(seed=2, std=0.3, vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
+                        max_seq_len=64)
+
+
+def serve(model, schedule: list[tuple[int, list[int]]], *, new_tokens: int, max_rows: int = 8,
+          stop_ids: set[int] | None = None, config: SamplingConfig | None = None,
+          prefill_chunk: int | None = None) -> list[Row]:
+    """Decode `schedule`'s prompts, each queued before the step of its number (0: before the first step)
+    and added once a row is free, removing rows as they finish. Returns the rows in schedule order."""
+    batch = ContinuousBatch(model, max_rows=max_rows, max_len=64, stop_ids=stop_ids or set(),
+                            prefill_chunk=prefill_chunk)
+    rows: dict[int, Row] = {}
+    step = 0
+    while len(rows) < len(schedule) or batch.rows or batch.filling:
+        for i, (when, prompt) in enumerate(schedule):
+            if when <= step and i not in rows and batch.free:
+                rows[i] = batch.add(prompt, max_new_tokens=new_tokens, sampler=RecordingSampler(config or SamplingConfig()))
+                if rows[i].finish is not None:
+                    batch.remove(rows[i])
+        batch.step()
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+        step += 1
+    return [rows[i] for i in range(len(schedule))]
+
+
+def test_rows_equal_generate_alone(target, single_thread):
+    rows = serve(target, [(0, p) for p in PROMPTS], new_tokens=12)
+    for prompt, row in zip(PROMPTS, rows, strict=True):
+        alone = generate(target, None, prompt, max_new_tokens=12, stop_at_eos=False)
+        assert row.new == alone.token_ids
+        assert row.finish == "length" and row.stats.new_tokens == 12 and row.stats.target_forwards == 11
+
+
+def test_a_row_sees_the_same_logits_whatever_joins_or_leaves(target, single_thread):
+    """Bitwise: the logits a request decodes from are the same alone, in a full batch, and with rows
+    joining at later steps and leaving earlier (the last row moves into a freed cache row)."""
+    alone = [serve(target, [(0, p)], new_tokens=10)[0] for p in PROMPTS]
+    together = serve(target, [(0, p) for p in PROMPTS], new_tokens=10)
+    staggered = serve(target, [(i * 2, p) for i, p in enumerate(PROMPTS)], new_tokens=10, max_rows=3)
+    for reference, *others in zip(alone, together, staggered, strict=True):
+        for row in others:
+            assert row.new == reference.new
+            assert len(row.sampler.seen) == len(reference.sampler.seen) == 10
+            assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+
+
+def test_stop_token_ends_a_row_and_the_others_go_on(target, single_thread):
+    alone = [serve(target, [(0, p)], new_tokens=10)[0].new for p in PROMPTS[:3]]
+    stop = alone[0][2]
+    rows = serve(target, [(0, p) for p in PROMPTS[:3]], new_tokens=10, stop_ids={stop})
+    assert rows[0].new == alone[0][: alone[0].index(stop) + 1] and rows[0].finish == "eos"
+    for row, reference in zip(rows[1:], alone[1:], strict=True):
+        expected = reference[: reference.index(stop) + 1] if stop in reference else reference
+        assert row.new == expected
+
+
+def test_seeded_sampling_is_the_same_at_any_batch_size(target, single_thread):
+    config = SamplingConfig(do_sample=True, temperature=0.9, top_k=20, seed=7)
+    alone = serve(target, [(0, PROMPTS[1])], new_tokens=12, config=config)[0].new
+    crowded = serve(target, [(0, PROMPTS[0]), (1, PROMPTS[1]), (1, PROMPTS[2])], new_tokens=12, config=config)[1].new
+    assert alone == crowded
+    assert alone == generate(target, None, PROMPTS[1], max_new_tokens=12, stop_at_eos=False, do_sample=True,
+                             temperature=0.9, top_k=20, seed=7).token_ids
+
+
+def test_penalties_use_the_rows_own_context(target, single_thread):
+    config = SamplingConfig(repetition_penalty=1.6, frequency_penalty=0.4)
+    rows = serve(target, [(0, p) for p in PROMPTS[:3]], new_tokens=10, config=config)
+    for prompt, row in zip(PROMPTS[:3], rows, strict=True):
+        assert row.new == generate(target, None, prompt, max_new_tokens=10, stop_at_eos=False,
+                                   repetition_penalty=1.6, frequency_penalty=0.4).token_ids
+
+
+def test_refuses_what_it_cannot_hold(target):
+    batch = ContinuousBatch(target, max_rows=1, max_len=16, stop_ids=set())
+    with pytest.raises(ConfigError, match="does not fit"):
+        batch.add(list(range(10)), max_new_tokens=7, sampler=Sampler(SamplingConfig()))
+    with pytest.raises(ConfigError, match="does not fit"):
+        batch.add([], max_new_tokens=1, sampler=Sampler(SamplingConfig()))
+    batch.add([1, 2], max_new_tokens=3, sampler=Sampler(SamplingConfig()))
+    with pytest.raises(ConfigError, match="full"):
+        batch.add([1, 2], max_new_tokens=3, sampler=Sampler(SamplingConfig()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [3, 8])
+def test_real_model_batch_invariance(smollm2, size, single_thread):
+    """The default model, mixed prompt lengths: every row's logits equal the row's logits alone, bit for
+    bit, with the batch full from the start or filled as rows leave."""
+    tok = smollm2.tokenizer
+    texts = ["def add(a, b):", "The capital of France is", "Write a haiku about the sea.\n",
+             "import numpy as np\nx = np.", "Once upon a time", "SELECT name FROM", "1, 2, 3, 5, 8,",
+             "Q: What is 12 * 7?\nA:"][:size]
+    prompts = [tok.encode(t) for t in texts]
+    alone = [serve(smollm2.model, [(0, p)], new_tokens=6)[0] for p in prompts]
+    together = serve(smollm2.model, [(0, p) for p in prompts], new_tokens=6)
+    queued = serve(smollm2.model, [(i, p) for i, p in enumerate(prompts)], new_tokens=6, max_rows=max(2, size // 2))
+    for reference, *others in zip(alone, together, queued, strict=True):
+        for row in others:
+            assert row.new == reference.new
+            assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_targets_are_batch_invariant(bits, single_thread):
+    from warpdecode.models.quantized import quantized_target
+
+    config = ModelConfig(vocab_size=96, n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=160, max_seq_len=64)
+    torch.manual_seed(3)
+    model = Transformer(config)
+    model.init_weights(std=0.2)
+    target = quantized_target(model.eval(), bits)
+    alone = [serve(target, [(0, p)], new_tokens=8)[0] for p in PROMPTS]
+    staggered = serve(target, [(i, p) for i, p in enumerate(PROMPTS)], new_tokens=8, max_rows=3)
+    for reference, row in zip(alone, staggered, strict=True):
+        assert row.new == reference.new
+        assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+
+
+def spec_serve(model, prompts, methods, *, new_tokens: int, max_rows: int = 8, max_nodes: int | None = None,
+               config: SamplingConfig | None = None) -> list[Row]:
+    """Every prompt added at once with its own method (None: plain), stepped to the end."""
+    from warpdecode.decoding.generate import build_method
+
+    batch = ContinuousBatch(model, max_rows=max_rows, max_len=model.config.max_seq_len, stop_ids=set())
+    do_sample = config is not None and config.do_sample
+    rows = [batch.add(p, max_new_tokens=new_tokens, sampler=Sampler(config or SamplingConfig()),
+                      method=None if m is None else build_method(m, do_sample=do_sample))
+            for p, m in zip(prompts, methods, strict=True)]
+    while batch.rows:
+        batch.step(max_nodes)
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+    return rows
+
+
+BATCHABLE = ["prompt_lookup", "token_recycling", "lookahead", "adaptive_ngram", "copy_input"]
+
+
+def test_speculative_rows_equal_plain_decoding_alone(target, single_thread):
+    """Ragged speculation in one forward: every row (each with its own drafter, or plain) decodes the
+    tokens it decodes alone and plainly."""
+    prompts = [p * 2 for p in PROMPTS]  # repeated text gives the n-gram drafters something to find
+    alone = [generate(target, None, p, max_new_tokens=16, stop_at_eos=False).token_ids for p in prompts]
+    methods = [*BATCHABLE[: len(prompts) - 1], None]
+    rows = spec_serve(target, prompts, methods, new_tokens=16)
+    assert [row.new for row in rows] == alone
+    assert all(row.finish == "length" and len(row.new) == 16 for row in rows)
+    plain = spec_serve(target, prompts, methods, new_tokens=16, max_nodes=0)  # drafting switched off
+    assert [row.new for row in plain] == alone and all(row.stats.target_forwards == 15 for row in plain)
+
+
+def test_a_row_that_cannot_draft_in_a_batch_is_refused(target):
+    from warpdecode.decoding.generate import build_method
+    from warpdecode.errors import CapabilityError
+
+    batch = ContinuousBatch(target, max_rows=2, max_len=64, stop_ids=set())
+    with pytest.raises(CapabilityError, match="cannot draft for a row of a batch"):
+        batch.add([1, 2, 3], max_new_tokens=4, sampler=Sampler(SamplingConfig()),
+                  method=build_method("draft_model", options={"layers": 1}))
+
+
+def test_sampled_speculative_rows_keep_to_their_budget(target, single_thread):
+    config = SamplingConfig(do_sample=True, temperature=0.8, seed=5)
+    rows = spec_serve(target, [p * 2 for p in PROMPTS[:3]], ["prompt_lookup", "token_recycling", None],
+                      new_tokens=12, config=config)
+    assert all(len(row.new) == 12 and row.finish == "length" for row in rows)
+    assert all(0 <= t < target.config.vocab_size for row in rows for t in row.new)
+
+
+@pytest.mark.slow
+def test_real_model_ragged_speculation_is_exact(smollm2, single_thread):
+    """The default model, 8 rows with prompt lookup, token recycling and plain decoding side by side:
+    every row's greedy tokens equal plain decoding alone, and the drafters do get tokens accepted."""
+    tok = smollm2.tokenizer
+    code = "def area(r):\n    return 3.14 * r * r\n\ndef perimeter(r):\n    return 2 * 3.14 * r\n\n"
+    texts = [code + "def volume(r):", "List: apple, banana, cherry, apple, banana,", code + "def diameter(r):",
+             "The capital of France is", "1, 2, 3, 4, 5, 6, 7,", "Say hello three times: hello hello", code,
+             "Q: What is 12 * 7?\nA:"]
+    prompts = [tok.encode(t) for t in texts]
+    methods = ["prompt_lookup", "token_recycling", "prompt_lookup", None, "token_recycling", "prompt_lookup",
+               "adaptive_ngram", None]
+    rows = spec_serve(smollm2.model, prompts, methods, new_tokens=20)
+    for prompt, row in zip(prompts, rows, strict=True):
+        assert row.new == generate(smollm2.model, tok, prompt, max_new_tokens=20, stop_at_eos=False).token_ids
+    accepted = sum(sum(row.stats.accepted_per_step) for row in rows)
+    assert accepted > 10
+
+
+def test_draft_budget_drafts_where_it_measured_more_tokens_per_second():
+    from warpdecode.decoding.continuous import DraftBudget
+
+    budget = DraftBudget(explore_every=4)
+    assert budget.choose(1, can_draft=False) is False
+    assert budget.choose(1, can_draft=True) is True  # nothing measured: draft first
+    budget.observe(1, True, tokens=2, seconds=0.030)
+    assert budget.choose(1, can_draft=True) is False  # then the plain step
+    budget.observe(1, False, tokens=1, seconds=0.020)
+    assert [budget.choose(1, can_draft=True) for _ in range(4)] == [True, True, True, False]  # 67 vs 50 tok/s; explore
+    budget.observe(16, True, tokens=30, seconds=0.160)
+    budget.observe(16, False, tokens=16, seconds=0.040)
+    assert budget.choose(16, can_draft=True) is False  # 188 vs 400 tok/s
+    for _ in range(10):
+        budget.observe(16, True, tokens=30, seconds=0.060)  # the traffic changed: drafting got cheap
+    assert budget.rate(16, True) > budget.rate(16, False) and budget.choose(16, can_draft=True) is True
+
+
+def test_chunked_prefill_interleaves_with_decoding_rows(target, single_thread):
+    """A long prompt is prefilled 4 tokens per step while the decoding rows go on; every row's logits
+    are still the same alone and together (the chunks are the same whatever else runs)."""
+    long_prompt = list(range(1, 30))
+    batch = ContinuousBatch(target, max_rows=4, max_len=64, stop_ids=set(), prefill_chunk=4)
+    short = batch.add(PROMPTS[0], max_new_tokens=20, sampler=Sampler(SamplingConfig()))
+    long = batch.add(long_prompt, max_new_tokens=5, sampler=Sampler(SamplingConfig()))
+    assert long.new == [] and batch.filling == [long] and batch.free == 2
+    steps = 0
+    while not long.new:
+        batch.step()
+        steps += 1
+        assert short.last and len(short.new) == steps + 1  # the decoding row got its token every step
+    assert steps == 8 and long.last == long.new and len(long.new) == 1  # ceil(29 / 4) chunks
+    alone = [serve(target, [(0, p)], new_tokens=10, prefill_chunk=4)[0] for p in PROMPTS]
+    together = serve(target, [(i, p) for i, p in enumerate(PROMPTS)], new_tokens=10, max_rows=3, prefill_chunk=4)
+    for reference, row in zip(alone, together, strict=True):
+        assert row.new == reference.new
+        assert all(torch.equal(a, b) for a, b in zip(row.sampler.seen, reference.sampler.seen, strict=True))
+    unchunked = [serve(target, [(0, p)], new_tokens=10)[0].new for p in PROMPTS]
+    assert [row.new for row in alone] == unchunked  # this model's tokens do not depend on the chunking

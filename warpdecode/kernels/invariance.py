@@ -1,0 +1,54 @@
+"""Batch-invariant computation: a row's result that does not depend on the other rows of its batch.
+
+A server decodes many requests in one forward, and a request's answer at temperature 0 must not
+change with what else is in the batch (`docs/serve.md`). Two kernels break that on CPU, measured:
+
+* a oneDNN matmul of ONE row takes a different path (a matrix-vector product) than a matmul of two
+  or more rows, and rounds differently in the last bits (the default model's `down_proj`, 1536 inputs:
+  up to 1.7e-4); from two rows up, each row's result is the same whatever the number of rows (checked
+  for 2..200 rows);
+* scaled-dot-product attention of a batch differs in the last bit from the same rows attended one
+  by one (1e-7), and a row padded to a longer key length under a mask differs from the row over its
+  own keys.
+
+Inside `batch_invariant()`, the linear kernels run a single row as two (the row twice, one result
+kept) and decoding attention runs each row over exactly its own keys (`models/transformer.py`), so
+a row computes the same numbers at batch 1, 3 or 16. The flag is per thread: a server's scheduler
+thread turns it on for its forwards without changing anyone else's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+_state = threading.local()
+
+
+@contextmanager
+def batch_invariant(on: bool = True) -> Iterator[None]:
+    """Run the forwards in this block (this thread only) batch-invariantly."""
+    previous = getattr(_state, "on", False)
+    _state.on = on
+    try:
+        yield
+    finally:
+        _state.on = previous
+
+
+def is_batch_invariant() -> bool:
+    return getattr(_state, "on", False)
+
+
+def rows_invariant(matmul: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """`matmul(x)` for (..., in) activations; inside `batch_invariant()`, one row runs as two so that it
+    takes the many-row kernel every batch size uses (`matmul` maps (M, in) or (..., in) to (..., out))."""
+    if not is_batch_invariant() or x.numel() != x.shape[-1]:
+        return matmul(x)
+    flat = x.reshape(1, x.shape[-1])
+    y = matmul(torch.cat([flat, flat]))[:1]  # (1, out)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
