@@ -141,6 +141,6 @@ def test_eval_takes_a_search_strategy_or_beams(datasets, tiny_model_dir, tmp_pat
                   **options)
     result = json.loads(out.read_text())
     (sample,) = result["problems"][0]["samples"]
-    assert result["summary"]["method"] == options.get("method", "none")
+    assert result["summary"]["method"] == options.get("method", "none + num_beams=2")
     assert result["config"]["num_beams"] == options.get("num_beams", 1)
     assert 0 < sample["new_tokens"] <= 4 and result["summary"]["tokens"] == sample["new_tokens"]

@@ -212,7 +212,8 @@ class EvalResult:
     def summary(self) -> dict[str, Any]:
         samples = [s for p in self.problems for s in p.samples]
         n = self.config.num_return_sequences
-        summary: dict[str, Any] = {"task": self.config.task, "method": self.config.method, "model": self.model,
+        method = self.config.method + (f" + num_beams={self.config.num_beams}" if self.config.num_beams > 1 else "")
+        summary: dict[str, Any] = {"task": self.config.task, "method": method, "model": self.model,
                                    "problems": len(self.problems), "samples_per_problem": n}
         if self.config.task == "humaneval":
             counts = [len(p.samples) for p in self.problems]
