@@ -52,12 +52,10 @@ def test_bench_method_spec_of_the_wrong_type(tiny_model_dir, tmp_path, capsys):
 
 
 def _commands_with_threads() -> list[str]:
-    """Every subcommand in `warpdecode.commands` that takes `--threads`."""
-    from warpdecode import commands
+    """Every subcommand (`cli.command_functions`) that takes `--threads`."""
+    from warpdecode.cli import command_functions
 
-    return sorted(name for name, f in vars(commands).items()
-                  if inspect.isfunction(f) and f.__module__ == commands.__name__ and not name.startswith("_")
-                  and "threads" in inspect.signature(f).parameters)
+    return sorted(f.__name__ for f in command_functions() if "threads" in inspect.signature(f).parameters)
 
 
 def test_the_thread_commands_are_found():
@@ -114,7 +112,7 @@ def test_generate_in_half_precision(tiny_model_dir, capsys):
     greedy tokens are fp32's."""
     import torch
 
-    from warpdecode.commands import _load_target
+    from warpdecode.commands.common import _load_target
 
     fp32, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, "fp32")
     bf16, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, "bf16")
@@ -131,7 +129,7 @@ def test_generate_in_half_precision(tiny_model_dir, capsys):
 def test_generate_from_quantized_weights(tiny_model_dir, capsys, dtype):
     """--dtype q8|q4 decodes from the weight-only quantised copy alone (no dense linear weights), keeping the
     checkpoint's fingerprint; prompt lookup on it reproduces its plain decoding."""
-    from warpdecode.commands import _load_target
+    from warpdecode.commands.common import _load_target
 
     fp32, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, "fp32")
     target, _, _, _ = _load_target(str(tiny_model_dir), None, "torch", "cpu", None, dtype)
