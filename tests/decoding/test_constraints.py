@@ -254,3 +254,60 @@ def test_constrained_rows_of_a_continuous_batch_are_exact(target, tokenizer):
         else:
             assert row.new == naive_constrained_greedy(target, tokenizer, ids, FORMATS[fmt], 18)
             assert row.finish == ("eos" if row.new[-1] in stop else "length")
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("name", ["none", "prompt_lookup"])
+def test_awrs_greedy_is_the_masked_argmax(target, tokenizer, fmt, name):
+    """Adaptive rejection picks the same greedy tokens as the full mask, with and without jump-forward."""
+    prompt = tokenizer.encode(PROMPTS[list(FORMATS).index(fmt) % len(PROMPTS)])
+    reference = naive_constrained_greedy(target, tokenizer, prompt, FORMATS[fmt], 40)
+    for jump_forward in (True, False):
+        out = generate(target, tokenizer, prompt, max_new_tokens=40, response_format=FORMATS[fmt], method=name,
+                       jump_forward=jump_forward, constrained_sampling="awrs")
+        assert out.token_ids == reference
+
+
+def test_awrs_row_follows_the_masked_distribution(target, tokenizer):
+    """One row, sampled by adaptive rejection 3,000 times: the masked softmax at the temperature
+    (after "abc-" the regex allows the ten digits and "-" is forbidden, so most draws are rejected)."""
+    from warpdecode.decoding.constraints.awrs import AdaptiveRejection
+    from warpdecode.decoding.sampler import Sampler, SamplingConfig
+
+    grammar = compile_response_format(FORMATS["regex"], tokenizer, vocab_size=64, stop_ids={tokenizer.eos_token_id})
+    state = grammar.state()
+    assert state.advance(tokenizer.encode("abc-")) == 4
+    with torch.inference_mode():
+        logits = target(torch.tensor([tokenizer.encode(PROMPTS[1] + " abc-")])).logits[0, -1:] * 3
+    bits = torch.zeros(1, mask_words(64), dtype=torch.int32)
+    state.fill_mask(bits[0])
+    allowed = unpack_mask(bits, 64)[0]
+    exact = torch.softmax(logits[0].masked_fill(~allowed, float("-inf")) / 1.5, -1)
+    hook = AdaptiveRejection(state, Sampler(SamplingConfig(do_sample=True, temperature=1.5, seed=0)))
+    samples = [int(hook.mask_next(logits)[0].argmax()) for _ in range(3000)]
+    assert all(allowed[s] for s in samples)
+    assert tv(samples, exact) < 0.05  # ~0.02 expected for 10 outcomes; an unrenormalised or masked-late rule is far off
+    assert hook.checks > hook.selections == 3000 and hook.fallbacks == 0
+    assert torch.softmax(logits[0] / 1.5, -1)[allowed].sum() < 0.5  # rejections are the common case here
+
+
+def test_awrs_sampling_follows_the_constrained_distribution(target, tokenizer):
+    rf = {"type": "choice", "choices": ["ab", "ac", "b"]}
+    prompt = tokenizer.encode("ab ac b ab")
+    ids = {c: tokenizer.encode(c)[0] for c in "abc"}
+    with torch.inference_mode():
+        first = torch.softmax(target(torch.tensor([prompt])).logits[0, -1, [ids["a"], ids["b"]]], -1)
+        second = torch.softmax(target(torch.tensor([prompt + [ids["a"]]])).logits[0, -1, [ids["b"], ids["c"]]], -1)
+    exact = torch.tensor([first[0] * second[0], first[0] * second[1], first[1]])  # ab, ac, b
+    texts = ["ab", "ac", "b"]
+    samples = [texts.index(generate(target, tokenizer, prompt, max_new_tokens=4, response_format=rf, do_sample=True,
+                                    seed=s, jump_forward=False, constrained_sampling="awrs").text) for s in range(400)]
+    assert tv(samples, exact) < 0.08
+
+
+def test_awrs_refusals(target, tokenizer):
+    with pytest.raises(CapabilityError, match="temperature only"):
+        generate(target, tokenizer, [5], max_new_tokens=4, response_format=FORMATS["regex"], do_sample=True, top_k=5,
+                 constrained_sampling="awrs")
+    with pytest.raises(ConfigError, match="constrained_sampling must be"):
+        generate(target, tokenizer, [5], max_new_tokens=4, response_format=FORMATS["regex"], constrained_sampling="x")

@@ -138,6 +138,7 @@ def generate(
     device_step: bool = False,
     response_format: Mapping[str, Any] | None = None,
     jump_forward: bool = True,
+    constrained_sampling: str = "mask",
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -157,8 +158,10 @@ def generate(
     every method composes with it and the lossless ones stay exact against the constrained
     distribution. The output ends with the tokenizer's EOS once the grammar is complete (finish
     reason "eos", even with `stop_at_eos=False`); "length" means the budget ran out first and the
-    text may be incomplete. `jump_forward` drafts the tokens the grammar forces
-    (docs/structured-output.md).
+    text may be incomplete. `jump_forward` drafts the tokens the grammar forces. `constrained_sampling`
+    picks how an undrafted step's token is kept in the grammar: "mask" (the full allowed-token mask)
+    or "awrs" (draw from the unconstrained row and check candidates with the matcher until one is
+    allowed; the same distribution, and the same greedy tokens) (docs/structured-output.md).
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -175,7 +178,7 @@ def generate(
         streamer(stream.push(tokens))
 
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
-    constraint = _constraint(model, tokenizer, response_format, jump_forward)
+    constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler)
     if constraint is not None and (device_step or built.device_step):
         raise CapabilityError("the device step does not take a response_format; use the engine's loop")
     if device_step or built.device_step:
@@ -198,8 +201,10 @@ def generate(
 
 
 def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,
-                jump_forward: bool) -> ConstrainedDecoding | None:
+                jump_forward: bool, constrained_sampling: str, sampler: Sampler) -> ConstrainedDecoding | None:
     """The engine's grammar hook for `response_format` (None: unconstrained)."""
+    if constrained_sampling not in ("mask", "awrs"):
+        raise ConfigError(f"constrained_sampling must be 'mask' or 'awrs', got {constrained_sampling!r}")
     if response_format is None:
         return None
     from warpdecode.decoding.constraints.formats import compile_response_format
@@ -207,7 +212,13 @@ def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: M
 
     grammar = compile_response_format(response_format, tokenizer, vocab_size=model.config.vocab_size,
                                       stop_ids=stop_token_ids(model, tokenizer))
-    return None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
+    if grammar is None:
+        return None
+    if constrained_sampling == "awrs":
+        from warpdecode.decoding.constraints.awrs import AdaptiveRejection
+
+        return AdaptiveRejection(grammar.state(), sampler, jump_forward=jump_forward)
+    return ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
 
 
 def generate_batch(

@@ -127,6 +127,13 @@ class GrammarState:
     def fork(self) -> GrammarState:
         return GrammarState(self.matcher.deep_copy(), self.vocab_size, self.stop_ids, self.terminated)
 
+    def allows(self, token: int) -> bool:
+        if self.terminated:
+            return False
+        if token in self.stop_ids:
+            return bool(self.matcher.is_accepting())
+        return bool(self.matcher.validate_tokens([token]) == 1)
+
     def is_accepting(self) -> bool:
         return self.terminated or bool(self.matcher.is_accepting())
 
