@@ -8,14 +8,18 @@ on JSON schemas with the default model (plus unconstrained plain greedy, for the
 prompts. `--set schemas`: the real schemas of `scripts/schema_set.py` (SchemaStore schemas vendored by
 check-jsonschema, the JSON Schema meta-schemas), the first `--limit` that llguidance compiles (`schema_set.schemas` order), each
 compiled strictly where it can and leniently otherwise; the coverage of both modes is printed first.
+`--compare awrs` runs plain decoding (no jump-forward) with full masks and with adaptive rejection
+(`constrained_sampling="awrs"`), greedy and sampled at temperature 1 (seeded per prompt and round),
+instead of the speculation configurations.
 
 Runs are interleaved (every configuration on a prompt, then the next prompt, for `--rounds` rounds),
 so machine load hits all of them alike. Reports per configuration: tokens/s (all new tokens over all
 seconds), τ (docs/metrics.md: accepted draft tokens plus one bonus per verify forward), target forwards, how many outputs finished and validated
 against their schema (`jsonschema`), speed relative to constrained plain greedy, and the share of the
 time spent in the engine's grammar hook (masks, tree walks, commits), and llguidance's time per
-mask (`GrammarState.fill_mask`, p50 / p99 over every call). Constrained configurations must produce
-identical tokens (checked). Outputs are counted as valid (finished with EOS and validated), invalid
+mask (`GrammarState.fill_mask`, p50 / p99 over every call), full masks and matcher checks
+(`GrammarState.allows`) per new token. Greedy constrained configurations must produce identical
+tokens (checked). Outputs are counted as valid (finished with EOS and validated), invalid
 (finished but not valid: possible only under a lenient grammar), unverifiable (a `$ref` jsonschema
 cannot resolve offline) or "length" (the budget ran out: a valid prefix, never counted as valid).
 Unconstrained outputs count as valid when the first fenced block, or else the outermost {...}, of the
@@ -44,12 +48,18 @@ from schema_set import compile_modes, schemas, validate
 
 import warpdecode
 
-CONFIGS = [  # name, method, constrained, jump_forward
-    ("unconstrained greedy", "none", False, False),
-    ("constrained greedy", "none", True, False),
-    ("constrained greedy + jump-forward", "none", True, True),
-    ("constrained prompt_lookup", "prompt_lookup", True, False),
-    ("constrained prompt_lookup + jump-forward", "prompt_lookup", True, True),
+CONFIGS = [  # name, method, constrained, jump_forward, constrained_sampling, do_sample
+    ("unconstrained greedy", "none", False, False, "mask", False),
+    ("constrained greedy", "none", True, False, "mask", False),
+    ("constrained greedy + jump-forward", "none", True, True, "mask", False),
+    ("constrained prompt_lookup", "prompt_lookup", True, False, "mask", False),
+    ("constrained prompt_lookup + jump-forward", "prompt_lookup", True, True, "mask", False),
+]
+AWRS_CONFIGS = [  # --compare awrs: full mask vs adaptive rejection, plain decoding, no jump-forward
+    ("constrained greedy", "none", True, False, "mask", False),
+    ("constrained greedy, awrs", "none", True, False, "awrs", False),
+    ("constrained sampling", "none", True, False, "mask", True),
+    ("constrained sampling, awrs", "none", True, False, "awrs", True),
 ]
 TASKS = {
     "person": "Invent a fictional person.",
@@ -91,6 +101,20 @@ def _timed_fill_mask() -> None:
     GrammarState.fill_mask = wrapper  # type: ignore[method-assign]
 
 
+CHECKS = [0]
+"""`GrammarState.allows` calls (adaptive rejection's matcher checks) since the last reset."""
+
+
+def _counted_checks() -> None:
+    method = GrammarState.allows
+
+    def wrapper(self: GrammarState, token: int) -> bool:
+        CHECKS[0] += 1
+        return method(self, token)
+
+    GrammarState.allows = wrapper  # type: ignore[method-assign]
+
+
 def builtin_tasks() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
     """(name, prompt, response format, schema) of the hand-written schemas."""
     out = []
@@ -128,6 +152,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare", choices=["speculation", "awrs"], default="speculation",
+                        help="awrs: full masks vs adaptive rejection (constrained_sampling), greedy and sampled (T=1)")
     parser.add_argument("--set", choices=["builtin", "schemas"], default="builtin")
     parser.add_argument("--limit", type=int, default=8, help="schemas of --set schemas (the smallest that compile)")
     parser.add_argument("--schema-chars", type=int, default=1500, help="characters of the schema in a --set schemas prompt")
@@ -138,17 +164,22 @@ def main() -> None:
     for name in ("mask_next", "shape", "mask", "commit"):
         _timed_hook(name)
     _timed_fill_mask()
+    _counted_checks()
+    configs = CONFIGS if args.compare == "speculation" else AWRS_CONFIGS
     tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
-                     "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0} for name, *_ in CONFIGS}
-    for _ in range(args.rounds):
-        for task_name, prompt, rf, schema in tasks:
+                     "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0} for name, *_ in configs}
+    for round_ in range(args.rounds):
+        for index, (task_name, prompt, rf, schema) in enumerate(tasks):
             reference = None
-            for name, method, constrained, jump_forward in CONFIGS:
+            for name, method, constrained, jump_forward, sampling, do_sample in configs:
                 hook_before = CONSTRAINT_SECONDS[0]
                 MASK_SECONDS.clear()
+                CHECKS[0] = 0
                 out = warpdecode.generate(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, method=method,
-                                          response_format=rf if constrained else None, jump_forward=jump_forward)
+                                          response_format=rf if constrained else None, jump_forward=jump_forward,
+                                          constrained_sampling=sampling, do_sample=do_sample,
+                                          seed=1000 * round_ + index if do_sample else None)
                 t = totals[name]
                 t["tokens"] += out.stats.new_tokens
                 t["seconds"] += out.stats.seconds
@@ -157,10 +188,11 @@ def main() -> None:
                 t["runs"] += 1
                 t["hook"] += CONSTRAINT_SECONDS[0] - hook_before
                 t["masks"] += MASK_SECONDS
+                t["checks"] += CHECKS[0]
                 if constrained:
-                    if reference is None:
+                    if reference is None and not do_sample:
                         reference = out.token_ids
-                    assert out.token_ids == reference, f"{name} differs from constrained greedy on {task_name}"
+                    assert do_sample or out.token_ids == reference, f"{name} differs from constrained greedy on {task_name}"
                     verdict = validate(out.text, schema) if out.finish_reason == "eos" else "length"
                 else:
                     verdict = validate(out.text, schema, extract=True)
@@ -170,8 +202,8 @@ def main() -> None:
     base = totals["constrained greedy"]
     base_speed = base["tokens"] / base["seconds"]
     print("\n| configuration | tokens/s | vs constrained greedy | τ | forwards | valid | invalid | length | grammar hook |"
-          " mask p50 / p99 (µs) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " mask p50 / p99 (µs) | full masks per token | checks per token |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, t in totals.items():
         speed = t["tokens"] / t["seconds"]
         masks = sorted(t["masks"])
@@ -180,7 +212,8 @@ def main() -> None:
         invalid = t["invalid"] + t["not json"]
         print(f"| {name} | {speed:.1f} | {speed / base_speed:.2f}x | {(t['accepted'] + t['forwards']) / t['forwards']:.2f} | "
               f"{t['forwards']} | {t['valid']}/{t['runs']} | {invalid}{' + ' + str(t['unverifiable']) + ' unverifiable' if t['unverifiable'] else ''} | "
-              f"{t['length']} | {100 * t['hook'] / t['seconds']:.1f} % | {timing} |")
+              f"{t['length']} | {100 * t['hook'] / t['seconds']:.1f} % | {timing} | {len(masks) / t['tokens']:.2f} | "
+              f"{t['checks'] / t['tokens']:.2f} |")
 
 
 if __name__ == "__main__":

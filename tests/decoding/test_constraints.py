@@ -210,7 +210,8 @@ def test_gbnf_grammar_is_read(target, tokenizer):
 
 @pytest.mark.slow
 def test_real_model_json_with_prompt_lookup_and_jump_forward(smollm2):
-    """On the default model's 49k byte-level vocabulary: the same valid JSON, in fewer forwards."""
+    """On the default model's 49k byte-level vocabulary: the same valid JSON, in fewer forwards, and
+    with adaptive rejection."""
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                "population": {"type": "integer", "minimum": 0}},
               "required": ["city", "population"], "additionalProperties": False}
@@ -223,6 +224,11 @@ def test_real_model_json_with_prompt_lookup_and_jump_forward(smollm2):
     assert fast.token_ids == plain.token_ids and plain.finish_reason == "eos"
     jsonschema.validate(json.loads(plain.text), schema)
     assert fast.stats.target_forwards < plain.stats.target_forwards
+    # adaptive rejection: the same tokens, also where llguidance's mask keeps only the canonical
+    # tokens of forced bytes (the first step: `{"` for `{"city":"`, not `{`)
+    awrs = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=40, response_format=rf,
+                    jump_forward=False, constrained_sampling="awrs")
+    assert awrs.token_ids == plain.token_ids
 
 
 def test_constrained_rows_of_a_continuous_batch_are_exact(target, tokenizer):
@@ -311,3 +317,32 @@ def test_awrs_refusals(target, tokenizer):
                  constrained_sampling="awrs")
     with pytest.raises(ConfigError, match="constrained_sampling must be"):
         generate(target, tokenizer, [5], max_new_tokens=4, response_format=FORMATS["regex"], constrained_sampling="x")
+
+
+def test_asap_converges_to_the_exact_conditional(target, tokenizer):
+    """On a finite language, ASAp's sampling distribution starts as masking's and, after corrections,
+    approaches the model conditioned on the language, which masking stays far from."""
+    from warpdecode.decoding.constraints.asap import ASAp, exact_conditional, kl, masked_policy
+
+    prompt = tokenizer.encode("ab ba")
+    memo = {}
+
+    def next_probs(prefix):
+        if prefix not in memo:
+            with torch.inference_mode():
+                memo[prefix] = torch.softmax(target(torch.tensor([prompt + list(prefix)])).logits[0, -1].double() * 3, -1)
+        return memo[prefix]
+
+    grammar = compile_response_format({"type": "regex", "regex": "[a-c]{1,3}x|b{4}"}, tokenizer, vocab_size=64,
+                                      stop_ids={tokenizer.eos_token_id})
+    exact = exact_conditional(grammar.state(), next_probs)
+    masked = exact_conditional(grammar.state(), next_probs, policy=masked_policy(next_probs))
+    assert len(exact) == 3 + 9 + 27 + 1 and abs(sum(exact.values()) - 1) < 1e-9 and abs(sum(masked.values()) - 1) < 1e-9
+    asap = ASAp(grammar.state(), next_probs)
+    start = exact_conditional(grammar.state(), next_probs, policy=asap.distribution)
+    assert max(abs(start[s] - masked[s]) for s in masked) < 1e-9
+    generator = torch.Generator().manual_seed(0)
+    samples = [asap.sample(generator) for _ in range(1000)]
+    assert all(tuple(s) in exact for s in samples)
+    after = exact_conditional(grammar.state(), next_probs, policy=asap.distribution)
+    assert kl(masked, exact) > 0.3 and kl(after, exact) < 0.1 * kl(masked, exact), (kl(masked, exact), kl(after, exact))

@@ -18,6 +18,11 @@ masked, renormalised distribution. For the same reason a step that has rejected 
 restricted to A without changing the distribution. Greedy ties break toward the lowest id, as the
 argmax of masked logits does.
 
+A candidate is checked with `Constraint.allows`, which agrees with the mask bit by contract. On
+llguidance that is `validate_tokens`, except where the grammar forces bytes: its mask then keeps only
+their canonical tokens (after a forced `{"name":"`, the token `{"` but not `{`), so such a state reads
+its full mask once (jump-forward drafts most of those steps anyway).
+
 The row is then handed to the verifier as logits with only the chosen token finite, so every verifier
 emits it. Steps with draft nodes are masked in full (`ConstrainedDecoding`): verifying a draft needs
 the whole constrained row. Sampling filters other than the temperature (top-k, top-p, min-p,

@@ -40,7 +40,8 @@ class Constraint(Protocol):
         ...
 
     def allows(self, token: int) -> bool:
-        """The grammar allows `token` next (its bit in `fill_mask`), checked without the whole mask."""
+        """The grammar allows `token` next: exactly its bit in `fill_mask`, checked without the whole mask
+        where possible."""
         ...
 
     def is_accepting(self) -> bool:
