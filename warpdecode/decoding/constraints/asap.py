@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -72,7 +73,7 @@ class ASAp:
     def sample(self, generator: torch.Generator | None = None) -> list[int]:
         """Draw one string (token ids, ending with a stop token unless cut at `max_tokens`), then
         correct the estimates along its path."""
-        state, path = self.start.fork(), ()
+        state, path = self.start.fork(), cast(tuple[int, ...], ())
         while not state.is_terminated() and len(path) < self.max_tokens:
             token = int(torch.multinomial(self.distribution(path, state), 1, generator=generator))
             assert state.advance([token]) == 1
