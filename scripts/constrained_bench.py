@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from warpdecode.decoding.constraints.awrs import AdaptiveRejection
 from warpdecode.decoding.constraints.llguidance_matcher import GrammarState
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.generate import stop_token_ids
@@ -72,18 +73,25 @@ CONSTRAINT_SECONDS = [0.0]
 """Time spent in the engine's grammar hook (masks, tree walks, commits), summed."""
 
 
-def _timed_hook(name: str) -> None:
-    """Wrap `ConstrainedDecoding.name` so its time adds to CONSTRAINT_SECONDS."""
-    method = getattr(ConstrainedDecoding, name)
+_DEPTH = [0]
+
+
+def _timed_hook(cls: type, name: str) -> None:
+    """Wrap `cls.name` so its time adds to CONSTRAINT_SECONDS (outermost call only: an override that
+    calls the base class's method counts once)."""
+    method = cls.__dict__[name]
 
     def wrapper(self: ConstrainedDecoding, *args: object) -> object:
+        _DEPTH[0] += 1
         start = time.perf_counter()
         try:
             return method(self, *args)
         finally:
-            CONSTRAINT_SECONDS[0] += time.perf_counter() - start
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                CONSTRAINT_SECONDS[0] += time.perf_counter() - start
 
-    setattr(ConstrainedDecoding, name, wrapper)
+    setattr(cls, name, wrapper)
 
 
 MASK_SECONDS: list[float] = []
@@ -161,8 +169,10 @@ def main() -> None:
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     model, tokenizer = warpdecode.load(args.model)
-    for name in ("mask_next", "shape", "mask", "commit"):
-        _timed_hook(name)
+    for cls in (ConstrainedDecoding, AdaptiveRejection):
+        for name in ("mask_next", "shape", "mask", "commit"):
+            if name in cls.__dict__:
+                _timed_hook(cls, name)
     _timed_fill_mask()
     _counted_checks()
     configs = CONFIGS if args.compare == "speculation" else AWRS_CONFIGS
