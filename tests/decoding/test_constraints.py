@@ -307,8 +307,8 @@ def test_awrs_sampling_follows_the_constrained_distribution(target, tokenizer):
     exact = torch.tensor([first[0] * second[0], first[0] * second[1], first[1]])  # ab, ac, b
     texts = ["ab", "ac", "b"]
     samples = [texts.index(generate(target, tokenizer, prompt, max_new_tokens=4, response_format=rf, do_sample=True,
-                                    seed=s, jump_forward=False, constrained_sampling="awrs").text) for s in range(400)]
-    assert tv(samples, exact) < 0.08
+                                    seed=s, jump_forward=False, constrained_sampling="awrs").text) for s in range(300)]
+    assert tv(samples, exact) < 0.09  # 300 samples of 3 outcomes (the row-level test above is the sharp one)
 
 
 def test_awrs_refusals(target, tokenizer):
