@@ -8,15 +8,18 @@ token to jump over), the row after the pending token is not masked. Instead:
 
 * sampling: draw x from the unconstrained distribution p (the penalised logits at the sampling
   temperature); if the grammar allows x, emit it; otherwise set p(x) = 0, renormalise and draw again.
-* greedy: the same with the argmax: the most likely token, then the next most likely once it is
-  rejected, and so on.
+  The draws use the Gumbel-max trick: one noise vector per step, keys log p + Gumbel, and the draws
+  without replacement are the keys in descending order, so a rejection costs one argmax, not a new
+  pass of `torch.multinomial` over the row.
+* greedy: the same with the logits as keys: the most likely token, then the next most likely once it
+  is rejected, and so on.
 
 Why it is exact: after rejecting a set R of forbidden tokens, the next draw is p restricted to V \\ R,
 and the allowed set A lies inside V \\ R, so the first accepted token has probability p(x) / p(A): the
 masked, renormalised distribution. For the same reason a step that has rejected `max_checks` tokens
-(or whose remaining mass underflowed to zero) may switch to the full mask and sample from p
-restricted to A without changing the distribution. Greedy ties break toward the lowest id, as the
-argmax of masked logits does.
+may switch to the full mask and take the keys' argmax over A (a Gumbel-max draw from p restricted to
+A) without changing the distribution. Greedy ties break toward the lowest id, as the argmax of masked
+logits does.
 
 A candidate is checked with `Constraint.allows`, which agrees with the mask bit by contract. On
 llguidance that is `validate_tokens`, except where the grammar forces bytes: its mask then keeps only
@@ -77,30 +80,25 @@ class AdaptiveRejection(ConstrainedDecoding):
 
     def _select(self, logits: Tensor) -> Tensor:
         """(1, V) penalised logits → (1, V) with only the selected allowed token finite (0)."""
-        row = logits[0].float()
-        if self.sampler.config.do_sample:
-            weights = self.sampler.probs(row[None])[0].clone()  # the temperature's softmax: p
+        keys = logits[0].float()
+        if self.sampler.config.do_sample:  # Gumbel-max: argmax of log p + Gumbel noise is a draw from p
+            uniform = torch.rand(keys.shape, generator=self.sampler.generator, device=keys.device)
+            keys = self.sampler.probs(keys[None])[0].log() - torch.log(-torch.log(uniform))
         else:
-            weights = row.clone()
+            keys = keys.clone()
         token = None
         for _ in range(self.max_checks):
-            if self.sampler.config.do_sample:
-                if not float(weights.sum()) > 0:
-                    break  # the rest of p underflowed: the full mask below
-                candidate = int(torch.multinomial(weights, 1, generator=self.sampler.generator))
-            else:
-                candidate = int(weights.argmax())
-                if weights[candidate] == NEG_INF:
-                    break
+            candidate = int(keys.argmax())
+            if keys[candidate] == NEG_INF:
+                break
             self.checks += 1
             if self.state.allows(candidate):
                 token = candidate
                 break
-            weights[candidate] = 0.0 if self.sampler.config.do_sample else NEG_INF
-        if token is None:  # exact after any rejections: the allowed set is inside what is left
+            keys[candidate] = NEG_INF
+        if token is None:  # the same keys' argmax over the allowed set: still exact
             self.fallbacks += 1
-            masked = super().mask_next(row[None])[0]
-            token = int(self.sampler.select(masked[None])[0])
+            token = int(super().mask_next(keys[None])[0].argmax())
         self.selections += 1
         out = torch.full_like(logits, NEG_INF)
         out[0, token] = 0.0
