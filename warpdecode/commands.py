@@ -90,6 +90,7 @@ def generate(
     grammar: Path | None = None,
     choice: str | None = None,
     jump_forward: bool = True,
+    constrained_sampling: str = "mask",
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
@@ -153,6 +154,9 @@ def generate(
         grammar: constrain the output to the Lark grammar (or GBNF) in this file.
         choice: constrain the output to one of these comma-separated strings.
         jump_forward: draft the tokens a constraint forces (free draft tokens; the output is the same).
+        constrained_sampling: how an undrafted step keeps a constraint: mask (the full allowed-token
+            mask) or awrs (check candidates from the unconstrained row until one is allowed: the same
+            distribution and greedy tokens; --temperature only, no top-k/top-p/min-p/typical-p).
     """
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
@@ -204,6 +208,7 @@ def generate(
         streamer=None if json_output else stream,
         response_format=response_format,
         jump_forward=jump_forward,
+        constrained_sampling=constrained_sampling,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
