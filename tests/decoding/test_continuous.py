@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny_models import random_model
 
 from warpdecode.decoding.continuous import ContinuousBatch, Row
 from warpdecode.decoding.generate import generate
@@ -27,11 +28,8 @@ class RecordingSampler(Sampler):
 
 @pytest.fixture(scope="module")
 def target():
-    config = ModelConfig(vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=64)
-    torch.manual_seed(2)
-    model = Transformer(config)
-    model.init_weights(std=0.3)
-    return model.eval()
+    return random_model(seed=2, std=0.3, vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
+                        max_seq_len=64)
 
 
 def serve(model, schedule: list[tuple[int, list[int]]], *, new_tokens: int, max_rows: int = 8,

@@ -85,8 +85,17 @@ def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [9]
 
 
-def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package):
+@pytest.mark.parametrize("layout", [None, "eagle"])
+def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package, layout, tmp_path):
     directory, target, net = packaged_net(tiny_package, "eagle")
+    if layout is not None:  # EAGLE-1's shape (no norms around the block): its graphs written on their own
+        from tiny_models import eagle_package
+
+        from warpdecode.export.drafter_graphs import export_drafter_graphs
+
+        directory = Path(eagle_package(target, tmp_path / "eagle", layout=layout))
+        net = registry.build("drafter", "eagle", path=str(directory)).load_net(target)
+        export_drafter_graphs(net, directory)
     graphs = OnnxEagle.find(directory, net, threads=1)
     assert graphs is not None
     caches = [KVCache.for_model(net.config, 1, 32) for _ in range(2)]

@@ -158,3 +158,32 @@ def test_copy_from_takes_chosen_layers_and_positions() -> None:
     assert draft.lengths.tolist() == [5]
     with pytest.raises(ValueError, match="cannot copy"):
         draft.copy_from(source, [0, 1, 2], 0, 3)
+
+
+def row_ids(cache: KVCache) -> torch.Tensor:
+    """(B, S) row each position's keys came from (in `numbered_cache` numbering)."""
+    k = cache.k[0, :, 0, :, 0]  # (B, S) layer 0: 100*row + slot
+    assert bool((cache.v == -cache.k).all())
+    return (k - torch.arange(S)).div(100, rounding_mode="floor").long()
+
+
+def test_reorder_rows_copies_only_moved_rows_after_the_shared_prefix() -> None:
+    cache = numbered_cache([6, 6, 6, 6])
+    cache.reorder_rows([1, 0, 2, 1], begin=2)  # rows 0 and 1 swap, row 3 takes row 1, row 2 stays
+    rows = row_ids(cache)
+    assert rows[:, :2].tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]  # the prefix is not touched
+    assert rows[:, 2:6].tolist() == [[1] * 4, [0] * 4, [2] * 4, [1] * 4]
+    assert rows[:, 6:].tolist() == [[0] * 10, [1] * 10, [2] * 10, [3] * 10]  # past the length: untouched
+    with pytest.raises(ValueError, match="rows of one length"):
+        numbered_cache([3, 4]).reorder_rows([1, 0])
+    with pytest.raises(ValueError, match="row indices"):
+        cache.reorder_rows([0, 1, 2, 4])
+
+
+def test_fill_from_row_gives_every_row_one_prefill() -> None:
+    source = numbered_cache([5, 3])
+    target = KVCache(L, 3, HKV, S, D)
+    target.fill_from_row(source, row=1)
+    assert target.lengths.tolist() == [3, 3, 3]
+    assert bool((target.k[:, :, :, :3] == source.k[:, 1:2, :, :3]).all())
+    assert bool((target.k[:, :, :, 3:] == 0).all())

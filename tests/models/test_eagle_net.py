@@ -13,12 +13,12 @@ from warpdecode.models.transformer import Transformer
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def tiny_pair(seed: int = 0) -> tuple[Transformer, EagleNet]:
+def tiny_pair(seed: int = 0, layout: str | None = None) -> tuple[Transformer, EagleNet]:
     torch.manual_seed(seed)
     target = Transformer(ModelConfig(vocab_size=50, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
                                      max_seq_len=64))
     target.init_weights(0.2)
-    net = EagleNet(target.config, draft_vocab_size=40)
+    net = EagleNet(target.config, draft_vocab_size=40, layout=layout)
     net.init_from_target(target, torch.arange(5, 45), std=0.2)
     return target.eval(), net.eval()
 
@@ -64,8 +64,9 @@ def test_head_is_the_targets_rows_of_the_draft_vocabulary():
 
 
 @torch.no_grad()
-def test_unrolled_steps_equal_inference_drafting():
-    target, net = tiny_pair()
+@pytest.mark.parametrize("layout", [None, "eagle"])
+def test_unrolled_steps_equal_inference_drafting(layout):
+    target, net = tiny_pair(layout=layout)
     T = 10
     tokens = torch.randint(0, 50, (1, T))
     features = target(tokens, hidden_layers=(2,)).hidden_states[2]  # (1, T, C)
@@ -87,6 +88,16 @@ def test_unrolled_steps_equal_inference_drafting():
                                         torch.tensor([[i + 1 + k]]), cache)
             torch.testing.assert_close(steps[k][0][:, i], feature[:, 0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(steps[k][1][:, i], draft_logits[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_eagle1_layout_has_no_norms_around_the_block_and_no_fc_bias():
+    target, net = tiny_pair(layout="eagle")
+    assert net.fc.bias is None and isinstance(net.block.attn_norm, torch.nn.Identity)
+    assert isinstance(net.layer.norm, torch.nn.Identity)
+    with pytest.raises(ConfigError, match="eagle layout"):
+        EagleNet(target.config, draft_vocab_size=40, feature_layers=(1, 2), layout="eagle")
+    with pytest.raises(ConfigError, match="eagle layout"):
+        EagleNet(target.config, draft_vocab_size=40, layout="eagle3")
 
 
 def test_fused_features_start_as_the_final_feature():

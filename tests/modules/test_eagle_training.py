@@ -47,22 +47,24 @@ def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
         frequent_tokens(counts, 1, always=[1, 5])
 
 
-@pytest.mark.parametrize(("feature_layers", "feature_weight"), [(None, 1.0), ([1, 2], 0.0)],
-                         ids=["final-feature", "fused-features-token-loss"])
+@pytest.mark.parametrize(("feature_layers", "feature_weight", "layout"),
+                         [(None, 1.0, None), ([1, 2], 0.0, None), (None, 1.0, "eagle")],
+                         ids=["final-feature", "fused-features-token-loss", "eagle1-layout"])
 def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, self_distill_data, tmp_path,
                                                                         fit_drafter, accepted_on_training_prompts,
-                                                                        feature_layers, feature_weight):
-    """EAGLE, and EAGLE-3's variant: hidden states 1 and 2 (the final one) fused, computed by the
-    frozen target while training, and no feature loss."""
+                                                                        feature_layers, feature_weight, layout):
+    """EAGLE, EAGLE-3's variant (hidden states 1 and 2, the final one, fused, computed by the frozen
+    target while training, and no feature loss), and EAGLE-1's shape (`layout="eagle"`, exportable)."""
     module = EagleModule(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
                           feature_layers=feature_layers, feature_weight=feature_weight, token_weight=1.0,
-                          tree_nodes=6, export_dir=str(tmp_path / "drafter"))
+                          layout=layout, tree_nodes=6, export_dir=str(tmp_path / "drafter"))
     trainer, before, after = fit_drafter(module, epochs=40)
     assert after > before + 0.15, (before, after)
     assert trainer.callback_metrics["val/tau/tree"].item() >= after - 1e-6  # the data-built tree beats the chain
 
     package = DrafterPackage.load(tmp_path / "drafter", "eagle")
     assert package.config["feature_layers"] == (feature_layers or [2])
+    assert package.config.get("layout") == layout
     assert len(package.tree["rank_paths"]) == 6
     assert package.training["tokens_seen"] > 0 and package.training["val_tau_tree"] >= package.training["val_tau_chain"]
     curve = package.training["val_tau_by_nodes"]

@@ -21,21 +21,10 @@ from typing import Any
 
 from warpdecode.bench.prompts import gsm8k_test_rows
 from warpdecode.bench.specs import BASELINE
+from warpdecode.data.gsm8k import final_number
 from warpdecode.errors import ConfigError
 
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 GSM8K_ID = re.compile(r"gsm8k/test-(\d+)$")
-
-
-def final_number(text: str) -> str | None:
-    """The last number of `text`, without thousands separators or a trailing `.0`: "… $1,200.00" → "1200"."""
-    found = NUMBER.findall(text)
-    if not found:
-        return None
-    number = found[-1].replace(",", "")
-    if "." in number:
-        number = number.rstrip("0").rstrip(".")
-    return number
 
 
 def score_answers(results: Mapping[str, Any], decode: Callable[[list[int]], str],

@@ -39,6 +39,7 @@ from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import resolve, save_pretrained
 from warpdecode.models.device import torch_device, torch_dtype
 from warpdecode.models.named import NAMED_MODELS, named_model_gguf
+from warpdecode.models.random_shapes import is_random
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.load import TORCH, load_backbones, open_package, parse_backends, parse_dtypes
 from warpdecode.runtime.package import LOSSY_BACKENDS, InferencePackage
@@ -197,9 +198,9 @@ def _llama_cpp_row(config: BenchConfig, backbone: Backbone, tokenizer: Tokenizer
 
 def _peers(config: BenchConfig, specs: list[MethodSpec], package: InferencePackage | None,
            backbones: dict[str, Backbone], tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
-    """`_peer_rows` on the model's checkpoint; for a package, on its weights written to a temporary one;
-    and llama.cpp on the model's GGUF file."""
-    if package is None:
+    """`_peer_rows` on the model's checkpoint; for a package or a random-weights model, on its weights
+    written to a temporary one; and llama.cpp on the model's GGUF file."""
+    if package is None and not is_random(config.model):
         built, skipped = _peer_rows(config, specs, resolve(config.model))
         llama, llama_skipped = _llama_cpp_row(config, backbones[TORCH], tokenizer)
         return built | llama, skipped | llama_skipped

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from warpdecode.data.corpus import stdlib_split_files
 from warpdecode.data.datasets import dataset_file
+from warpdecode.data.gsm8k import gsm8k_rows
 from warpdecode.data.stdlib import functions, parse, split_sources
 from warpdecode.errors import ConfigError
 
@@ -139,9 +140,7 @@ EDIT_TYPO_RATE = 0.15
 
 def gsm8k_test_rows() -> list[dict[str, str]]:
     """GSM8K test rows: `question`, and `answer` (worked solution ending in `#### <number>`)."""
-    path = dataset_file("gsm8k/test.jsonl")
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return gsm8k_rows("test")
 
 
 def gsm8k_test_questions() -> list[str]:

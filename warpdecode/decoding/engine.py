@@ -49,12 +49,16 @@ def run(
     stop_ids: set[int],
     on_tokens: Callable[[list[int]], None] | None = None,
     constraint: ConstrainedDecoding | None = None,
+    stop_check: Callable[[list[int]], int | None] | None = None,
 ) -> tuple[list[int], FinishReason, DecodeStats]:
     """Decode up to `max_new_tokens` after `prompt_ids`, which must fit the context with that budget.
 
     `constraint` keeps the output in a grammar: it masks every logits row with its own context's
     allowed tokens (after the penalties), cuts the tree's forbidden drafts and ends on the grammar's
-    stop token (`decoding/constraints/tree_mask.py`)."""
+    stop token (`decoding/constraints/tree_mask.py`). `stop_check` (stop strings,
+    `StopStrings.check`) sees each batch of emitted tokens before `on_tokens` and returns how many of
+    them to keep when generation ends inside them (finish "stop").
+    """
     device = target.embed.weight.device
     target.pack_for_cpu_inference()
     method.drafter.prepare(target)
@@ -77,6 +81,7 @@ def run(
         constraint.commit([pending])
     stats.time_to_first_token = time.perf_counter() - start
     new = [pending]
+    stopped = stop_check is not None and stop_check(new) is not None
     state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
                         {k: v[0] for k, v in out.hidden_states.items()}, torch.tensor(prompt_ids[-1:]), out.logits[0])
     if on_tokens is not None:
@@ -85,7 +90,7 @@ def run(
     method.controller.start(state)
 
     finish: FinishReason = "length"
-    while pending not in stop_ids and len(new) < max_new_tokens and not (constraint is not None and constraint.done):
+    while not stopped and pending not in stop_ids and len(new) < max_new_tokens and not (constraint is not None and constraint.done):
         if cache.max_len - int(cache.lengths[0]) < 1:
             finish = "context"
             break
@@ -124,6 +129,8 @@ def run(
                 break
         if constraint is not None:
             emitted = constraint.commit(emitted)
+        if stop_check is not None and (keep := stop_check(emitted)) is not None:
+            emitted, stopped = emitted[:keep], True
         state.tokens.extend(emitted)
         new.extend(emitted)
         pending = emitted[-1]
@@ -138,7 +145,9 @@ def run(
         stats.target_seconds += t2 - t1
         if on_tokens is not None:  # the caller's streaming time counts in neither
             on_tokens(emitted)
-    if pending in stop_ids or (constraint is not None and constraint.done):
+    if stopped:
+        finish = "stop"
+    elif pending in stop_ids or (constraint is not None and constraint.done):
         finish = "eos"
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = len(new)

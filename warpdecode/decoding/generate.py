@@ -9,8 +9,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.engine import Method, run
+from warpdecode.decoding.hooks import LogitsHooks, LogitsProcessorFn
 from warpdecode.decoding.outputs import DecodeStats, FinishReason, GenerateOutput
+from warpdecode.decoding.rules.protocols import DecodingRule
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.decoding.search.dispatch import generate_search, strategy_from_flags
+from warpdecode.decoding.search.protocols import SearchStrategy
+from warpdecode.decoding.stop_strings import StopMatcher, StopStrings, stop_tuple
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
@@ -136,9 +141,27 @@ def generate(
     method: str | Method = "none",
     streamer: Callable[[str], None] | None = None,
     device_step: bool = False,
+    logits_processor: Sequence[LogitsProcessorFn] | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    bad_words_ids: Sequence[Sequence[int]] | None = None,
+    sequence_bias: Mapping[tuple[int, ...], float] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    penalty_alpha: float | None = None,
+    mirostat: int = 0,
+    mirostat_tau: float = 5.0,
+    mirostat_eta: float = 0.1,
     response_format: Mapping[str, Any] | None = None,
     jump_forward: bool = True,
     constrained_sampling: str = "mask",
+    num_beams: int = 1,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    no_repeat_ngram_size: int = 0,
+    num_beam_groups: int = 1,
+    diversity_penalty: float = 0.0,
+    search: SearchStrategy | None = None,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -152,6 +175,21 @@ def generate(
     `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
     methods whose drafter has a device form.
 
+    Hooks (docs/decoding-rules.md), with Hugging Face's names and semantics: `logits_processor`,
+    callables `(input_ids (1, T) int64, scores (1, V) float32) -> scores` applied after the penalties
+    (with every speculative method, each tree row gets its own `input_ids`, so lossless methods stay
+    exact); `bad_words_ids` (token-id sequences never generated); `sequence_bias` (token-id tuple →
+    bias added to its last token's logit after the rest of the tuple); `eos_token_id` (the stop
+    tokens, instead of the model's). `stop` (OpenAI's name; `stop_strings` is Hugging Face's) ends
+    generation at the first stop string in the generated text, finish reason "stop": `token_ids` end
+    with the token that completes it, `text` ends before it, and nothing from it on is streamed.
+
+    `penalty_alpha` > 0 with `top_k` > 1 runs contrastive search (Hugging Face's rule,
+    `decoding/rules/contrastive.py`) instead of greedy decoding; `mirostat` 1 or 2 samples with
+    llama.cpp's Mirostat v1 / v2 (`mirostat_tau`, `mirostat_eta`; `decoding/rules/mirostat.py`) at
+    `temperature`, instead of the top-k / top-p / min-p / typical filters. Neither takes a speculative
+    method or a `response_format`.
+
     `response_format` constrains the output, in OpenAI's shape (`{"type": "json_schema", "json_schema":
     {"name": ..., "schema": {...}}}`, `{"type": "json_object"}`) or warpdecode's (`{"type": "regex",
     "regex": ...}`, `{"type": "grammar", "grammar": LARK}`, `{"type": "choice", "choices": [...]}`);
@@ -162,42 +200,113 @@ def generate(
     picks how an undrafted step's token is kept in the grammar: "mask" (the full allowed-token mask)
     or "awrs" (draw from the unconstrained row and check candidates with the matcher until one is
     allowed; the same distribution, and the same greedy tokens) (docs/structured-output.md).
+
+    Several candidates (docs/search.md): `num_beams` > 1 runs beam search (`num_beam_groups` > 1: diverse
+    beam search), `num_return_sequences` > 1 with sampling n samples, with Hugging Face's options; or
+    `search` runs a built search strategy (`registry.build("search", ...)`: best-of-N, First Finish
+    Search). The output is then the best candidate, with every returned one in `sequences`.
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     config = SamplingConfig(do_sample, temperature, top_k, top_p, seed, min_p, typical_p, repetition_penalty,
                             frequency_penalty, presence_penalty)
-    sampler = Sampler(config, device=model.embed.weight.device)
+    stops = set(_as_ids(eos_token_id)) if eos_token_id is not None else stop_token_ids(model, tokenizer)
+    stops = stops if stop_at_eos else set()
+    hooks = LogitsHooks(tuple(logits_processor or ()), sequence_bias, bad_words_ids, tuple(sorted(stops)))
+    sampler = Sampler(config, device=model.embed.weight.device, hooks=hooks)
     ids = prompt_ids(model, tokenizer, prompt, chat=chat)
-    built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
+    texts = stop_tuple(stop) + stop_tuple(stop_strings)
+    if texts and tokenizer is None:
+        raise ConfigError("stop strings need a tokenizer (the prompt was token ids without one)")
+    stop_check = StopStrings(tokenizer, texts) if texts and tokenizer is not None else None
+    matcher = StopMatcher(texts)  # holds back streamed text that may start a stop string
     budget = min(max_new_tokens, model.config.max_seq_len - len(ids))
+    strategy = strategy_from_flags(
+        search, do_sample=do_sample, num_beams=num_beams, num_return_sequences=num_return_sequences,
+        length_penalty=length_penalty, early_stopping=early_stopping, no_repeat_ngram_size=no_repeat_ngram_size,
+        num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty)
+    if strategy is not None:
+        if device_step or response_format is not None or texts or penalty_alpha or mirostat:
+            raise CapabilityError("a search takes no device step, response_format, stop strings or decoding rule "
+                                  "(not built yet)")
+        return generate_search(model, tokenizer, ids, strategy, sampler, max_new_tokens=max_new_tokens, budget=budget,
+                               stop_ids=stops,
+                               drafter=method if isinstance(method, str) else method.drafter.name, streamer=streamer)
+    built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
 
     def on_tokens(tokens: list[int]) -> None:
         assert stream is not None and streamer is not None
-        streamer(stream.push(tokens))
+        streamer(matcher.push(stream.push(tokens)))
 
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
     constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler)
     if constraint is not None and (device_step or built.device_step):
         raise CapabilityError("the device step does not take a response_format; use the engine's loop")
-    if device_step or built.device_step:
+    rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta)
+    if rule is not None:
+        from warpdecode.decoding.drafters.empty import EmptyDrafter
+        from warpdecode.decoding.rules.protocols import Emitter
+
+        if not isinstance(built.drafter, EmptyDrafter) or device_step or built.device_step:
+            raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no speculative method "
+                                  f"(got {built.drafter.name!r})")
+        if constraint is not None:
+            raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no response_format")
+        emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
+                          stop_check.check if stop_check is not None else None)
+        new, finish, stats = rule.decode(model, ids, sampler, emitter)
+    elif device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
         from warpdecode.decoding.device_step.loop import device_form, run_device
 
         _check_device_step(built, do_sample)
         controller = cast(FixedBudget, built.controller)
-        if sampler.penalties:
-            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
+        if sampler.penalties or stop_check is not None:
+            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties, "
+                                  "logits hooks or stop strings")
         new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
                                         max_nodes=min(built.max_tree_nodes, controller.max_nodes),
                                         on_tokens=on_tokens if stream is not None else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
-                                 on_tokens=on_tokens if stream is not None else None, constraint=constraint)
+                                 on_tokens=on_tokens if stream is not None else None, constraint=constraint,
+                                 stop_check=stop_check.check if stop_check is not None else None)
     if finish == "length" and budget < max_new_tokens:
         finish = "context"
-    return GenerateOutput(token_ids=new, text=tokenizer.decode(new) if tokenizer else "", finish_reason=finish, stats=stats)
+    answer = StopMatcher(texts)
+    text = answer.push(tokenizer.decode(new)) + answer.flush() if tokenizer else ""
+    if stream is not None and streamer is not None:  # what the stream still holds back: a cut character, a stop's start
+        tail = matcher.push(stream.tokenizer.decode(stream.ids)[len(stream.emitted) :]) + matcher.flush()
+        if tail:
+            streamer(tail)
+    return GenerateOutput(token_ids=new, text=text, finish_reason=finish, stats=stats)
+
+
+def _rule(config: SamplingConfig, penalty_alpha: float | None, mirostat: int, mirostat_tau: float,
+          mirostat_eta: float) -> DecodingRule | None:
+    """The decoding rule the keywords ask for (None: the engine's loop), refusing combinations that
+    would silently drop an option."""
+    if mirostat:
+        if penalty_alpha:
+            raise ConfigError("choose one of --mirostat and --penalty-alpha (contrastive search)")
+        if not config.do_sample:
+            raise ConfigError("--mirostat samples: give it a --temperature > 0")
+        if config.top_k or config.top_p is not None or config.min_p is not None or config.typical_p is not None:
+            raise ConfigError("--mirostat replaces the --top-k/--top-p/--min-p/--typical-p filters; drop them")
+        return registry.build("rule", "mirostat", version=mirostat, tau=mirostat_tau, eta=mirostat_eta)
+    if penalty_alpha is None or penalty_alpha == 0:
+        return None
+    if config.do_sample:
+        raise ConfigError("--penalty-alpha (contrastive search) chooses greedily: it takes no --temperature")
+    return registry.build("rule", "contrastive", penalty_alpha=penalty_alpha, top_k=config.top_k or 0)
+
+
+def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ConfigError(f"eos_token_id must be a token id >= 0 or a list of them, got {eos_token_id!r}")
+    return ids
 
 
 def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,

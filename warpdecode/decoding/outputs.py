@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["eos", "length", "context"]
+FinishReason = Literal["eos", "stop", "length", "context"]
+"""eos: a stop token; stop: a stop string (`generate(stop=...)`); length: `max_new_tokens`; context: the
+model's context is full."""
 
 
 def compute_tau(accepted: int, forwards: int, *, bonus: bool = True) -> float:
@@ -37,6 +39,9 @@ class DecodeStats:
     """Draft tokens that could have been accepted at each verify forward (the draft tree's depth)."""
     divergent_tokens: int = 0
     """Emitted draft tokens the target's argmax disagreed with (lossy verifiers: `trust`, `typical`)."""
+    search_tokens: int = 0
+    """Tokens generated over every row of a search (beams, samples), kept or discarded: its cost in
+    tokens; 0 for single-sequence decoding, where it is `new_tokens`."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -67,9 +72,29 @@ class DecodeStats:
 
 
 @dataclass
+class Candidate:
+    """One sequence of a multi-candidate search (beam search, n samples, best-of-N)."""
+
+    token_ids: list[int]
+    """New tokens only, the stop token included when the sequence ended with one."""
+    finish_reason: FinishReason
+    score: float | None = None
+    """The strategy's ranking score: for beam search Hugging Face's `sequences_scores` (the sum of the
+    processed token log-probabilities divided by the length penalty), for best-of-N the scorer's."""
+    logprob: float = 0.0
+    """Sum of the target's log-probabilities of the tokens (the raw model distribution; beam search sums
+    the processed log-probabilities it ranks, which differ from the raw ones only under penalties)."""
+    text: str = ""
+
+
+@dataclass
 class GenerateOutput:
     token_ids: list[int]
     """New tokens only (the prompt is not repeated)."""
     text: str
     finish_reason: FinishReason
     stats: DecodeStats = field(default_factory=DecodeStats)
+    sequences: list[Candidate] = field(default_factory=list)
+    """Every returned sequence, best first, when a search returns several (`num_beams`,
+    `num_return_sequences`, a search method); `token_ids` / `text` are then the first one's. Empty for
+    single-sequence decoding."""

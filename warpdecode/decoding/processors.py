@@ -43,6 +43,16 @@ class TokenHistory:
     def single(cls, tokens: list[int], prompt_len: int) -> TokenHistory:
         return cls(torch.tensor(tokens, dtype=torch.int64), prompt_len, ((),))
 
+    def context(self, row: int) -> Tensor:
+        """(P + len(extra[row]),) int64: every token row `row` follows, prompt first."""
+        return torch.cat([self.prefix, torch.tensor(self.extra[row], dtype=torch.int64)])
+
+    def tail(self, row: int, n: int) -> list[int]:
+        """The last `n` tokens (fewer when the context is shorter) row `row` follows."""
+        extra = list(self.extra[row][-n:]) if n else []
+        need = n - len(extra)
+        return (self.prefix[max(0, len(self.prefix) - need) :].tolist() if need > 0 else []) + extra
+
     def counts(self, *, generated_only: bool) -> tuple[Tensor, Tensor]:
         """Occurrences of every token seen in any row's context.
 

@@ -21,14 +21,17 @@ from warpdecode.errors import ConfigError
 if TYPE_CHECKING:
     from warpdecode.decoding.diffusion.protocols import CommitPolicy
     from warpdecode.decoding.protocols import Controller, Drafter, Verifier
+    from warpdecode.decoding.rules.protocols import DecodingRule
+    from warpdecode.decoding.search.protocols import SearchStrategy
 
-    Component = Drafter | Verifier | Controller | CommitPolicy
+    Component = Drafter | Verifier | Controller | CommitPolicy | SearchStrategy | DecodingRule
 
-Kind = Literal["drafter", "verifier", "controller", "commit_policy"]
-KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller", "commit_policy")
+Kind = Literal["drafter", "verifier", "controller", "commit_policy", "search", "rule"]
+KINDS: tuple[Kind, ...] = ("drafter", "verifier", "controller", "commit_policy", "search", "rule")
 _PACKAGES = {"drafter": "warpdecode.decoding.drafters", "verifier": "warpdecode.decoding.verifiers",
              "controller": "warpdecode.decoding.controllers",
-             "commit_policy": "warpdecode.decoding.diffusion.policies"}
+             "commit_policy": "warpdecode.decoding.diffusion.policies", "search": "warpdecode.decoding.search",
+             "rule": "warpdecode.decoding.rules"}
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 
 T = TypeVar("T", bound=type)
@@ -65,6 +68,10 @@ def get(kind: Literal["verifier"], name: str) -> type[Verifier]: ...
 def get(kind: Literal["controller"], name: str) -> type[Controller]: ...
 @overload
 def get(kind: Literal["commit_policy"], name: str) -> type[CommitPolicy]: ...
+@overload
+def get(kind: Literal["search"], name: str) -> type[SearchStrategy]: ...
+@overload
+def get(kind: Literal["rule"], name: str) -> type[DecodingRule]: ...
 @overload
 def get(kind: Kind, name: str) -> type[Component]: ...
 def get(kind: Kind, name: str) -> type[Component]:
@@ -188,6 +195,10 @@ def build(kind: Literal["verifier"], name: str, **kwargs: Any) -> Verifier: ...
 def build(kind: Literal["controller"], name: str, **kwargs: Any) -> Controller: ...
 @overload
 def build(kind: Literal["commit_policy"], name: str, **kwargs: Any) -> CommitPolicy: ...
+@overload
+def build(kind: Literal["search"], name: str, **kwargs: Any) -> SearchStrategy: ...
+@overload
+def build(kind: Literal["rule"], name: str, **kwargs: Any) -> DecodingRule: ...
 @overload
 def build(kind: Kind, name: str, **kwargs: Any) -> Component: ...
 def build(kind: Kind, name: str, **kwargs: Any) -> Component:

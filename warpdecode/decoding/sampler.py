@@ -1,9 +1,9 @@
 """Token selection: greedy argmax or sampling, after the configured logits processors.
 
 Every decoding algorithm selects tokens through a `Sampler`, so greedy and sampled paths share one
-definition of the target distribution. Penalties (context-dependent, see `processors`) are applied
-by the engine to the target's logits through `penalize`; the warpers (temperature, top-k, top-p,
-min-p, typical-p) inside `probs` when sampling.
+definition of the target distribution. Penalties (context-dependent, see `processors`) and the
+caller's logits hooks (`hooks`) are applied by the engine to the target's logits through `penalize`;
+the warpers (temperature, top-k, top-p, min-p, typical-p) inside `probs` when sampling.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.hooks import LogitsHooks
 from warpdecode.decoding.processors import (
     FrequencyPresencePenalty,
     MinP,
@@ -92,9 +93,10 @@ class SamplingConfig:
 
 
 class Sampler:
-    def __init__(self, config: SamplingConfig, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: SamplingConfig, device: torch.device | str = "cpu", hooks: LogitsHooks | None = None) -> None:
+        """`hooks`: the caller's logits hooks, applied with the penalties (`decoding/hooks.py`)."""
         self.config = config
-        self.penalties = config.penalties()
+        self.penalties = hooks.around(config.penalties()) if hooks is not None else config.penalties()
         self.warpers = config.warpers()
         self.generator: torch.Generator | None = None
         if config.do_sample:
@@ -105,7 +107,7 @@ class Sampler:
                 self.generator.seed()
 
     def penalize(self, logits: Tensor, history: TokenHistory) -> Tensor:
-        """Apply the context-dependent penalties.
+        """Apply the context-dependent penalties and the caller's logits hooks.
 
         Args:
             logits: (N, V) float, row r following the context `history` gives it.

@@ -197,6 +197,41 @@ class KVCache:
         self.v = self.v[:, index.to(self.v.device)].contiguous()
         self.lengths = self.lengths[index]
 
+    def fill_from_row(self, source: KVCache, row: int = 0) -> None:
+        """Every row of this cache takes `source` row `row`'s valid positions and length (n candidates
+        of one prompt start from its one prefill). The caches must have as many layers and heads."""
+        n = int(source.lengths[row])
+        if n > self.max_len:
+            raise ValueError(f"row of {n} positions does not fit a cache of {self.max_len}")
+        self.k[:, :, :, :n] = source.k[:, row : row + 1, :, :n]  # broadcast over B
+        self.v[:, :, :, :n] = source.v[:, row : row + 1, :, :n]
+        self.lengths = torch.full((self.batch,), n, dtype=torch.int64)
+
+    def reorder_rows(self, parents: list[int], begin: int = 0) -> None:
+        """Row i takes row `parents[i]`'s positions [begin, length) (beam search: each beam continues its
+        parent), gathered in one index select; rows that keep their own contents are not copied, and
+        positions before `begin` (a prefix every row shares, e.g. the prompt) are left where they are.
+        Every row must hold the same number of positions.
+
+        Example: parents [0, 0, 2] copies row 0 onto row 1 only.
+        """
+        if len(parents) != self.batch or any(not 0 <= p < self.batch for p in parents):
+            raise ValueError(f"reorder_rows needs {self.batch} row indices in [0, {self.batch}), got {parents}")
+        end = int(self.lengths.max())
+        if not bool((self.lengths == end).all()):
+            raise ValueError(f"reorder_rows needs rows of one length, got {self.lengths.tolist()}")
+        moved = [(i, p) for i, p in enumerate(parents) if p != i]
+        if not moved or end <= begin:
+            return
+        device = self.k.device
+        dst = torch.tensor([i for i, _ in moved], device=device)
+        src = torch.tensor([p for _, p in moved], device=device)
+        span = slice(begin, end)
+        # The right side is gathered into a new tensor first, so a row that is both a source and a
+        # destination is read before it is overwritten.
+        self.k[:, dst, :, span] = self.k[:, src, :, span]
+        self.v[:, dst, :, span] = self.v[:, src, :, span]
+
     def commit(self, tree_start: Tensor, path: Tensor, num_accepted: Tensor) -> None:
         """Keep an accepted root-to-leaf path of the last tree forward and drop the other nodes.
 

@@ -21,6 +21,7 @@ from warpdecode.io import atomic_directory
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf import read_gguf
 from warpdecode.models.importers.gguf_quantized import read_gguf_quantized
+from warpdecode.models.importers.gguf_stream import streams, write_streamed
 from warpdecode.models.importers.hf import (
     config_from_hf,
     config_to_hf,
@@ -29,6 +30,7 @@ from warpdecode.models.importers.hf import (
     state_dict_to_hf,
 )
 from warpdecode.models.named import NAMED_MODELS, cache_dir, named_model_gguf
+from warpdecode.models.random_shapes import is_random, random_config
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.models.transformer import Transformer, rope_inv_freq
 
@@ -60,6 +62,10 @@ def convert(source: str | Path, out: str | Path) -> Path:
         source = named_model_gguf(str(source))
     source = Path(source)
     tokenizer: Tokenizer | None
+    if source.suffix == ".gguf" and source.is_file() and streams(source):
+        with atomic_directory(out) as tmp:  # one tensor in memory at a time
+            write_streamed(source, tmp)
+        return out
     if source.suffix == ".gguf":
         config, weights, tokenizer = read_gguf(source)
     elif source.is_dir():
@@ -118,7 +124,10 @@ def load_gguf_quantized(source: str | Path) -> tuple[Transformer, Tokenizer]:
 
 
 def read_config(source: str | Path) -> ModelConfig:
-    """The architecture of a model directory, `.gguf` file or name, without loading its weights."""
+    """The architecture of a model directory, `.gguf` file or name (`random:NAME`: a public checkpoint's
+    shape, `models/random_shapes.py`), without loading its weights."""
+    if is_random(str(source)):
+        return random_config(str(source))
     directory = resolve(source)
     config_path = directory / "config.json"
     if not config_path.is_file():

@@ -93,6 +93,8 @@ class EagleConfig(NetConfig):
     d_ff: int
     feature_layers: tuple[int, ...] | None = None
     """The target hidden states fused into its feature (EAGLE-3); None: the final one only."""
+    layout: str | None = None
+    """None: warpdecode's network; "eagle": EAGLE-1's shape, which vLLM and SafeAILab/EAGLE run (see `EagleNet`)."""
 
     def hidden_layers(self, n_layer: int) -> tuple[int, ...]:
         return self.feature_layers if self.feature_layers is not None else (n_layer,)
@@ -106,9 +108,15 @@ class EagleNet(DraftVocabNet):
     config_class = EagleConfig
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None,
-                 feature_layers: Sequence[int] | None = None) -> None:
+                 feature_layers: Sequence[int] | None = None, layout: str | None = None) -> None:
         """feature_layers: the target's hidden states (0..L) fused into its feature, in this order; the
-        final one (L) must be among them (default: only L)."""
+        final one (L) must be among them (default: only L).
+
+        layout: None for warpdecode's network; "eagle" for EAGLE-1's shape as SafeAILab/EAGLE
+        (`eagle/model/cnets1.py`) and vLLM (`vllm/model_executor/models/llama_eagle.py`) run it, which
+        `convert-drafter --format eagle` writes: no norm in front of the block's attention, none after
+        the block (its output is the predicted feature and feeds the head as it is), and `fc` without a
+        bias (vLLM builds it without one). The final feature only (no EAGLE-3 fusion)."""
         super().__init__(draft_vocab_size)
         self.config = draft_backbone_config(target_config, 1, draft_vocab_size, d_ff)
         L, C = target_config.n_layer, target_config.d_model
@@ -117,14 +125,21 @@ class EagleNet(DraftVocabNet):
                 not set(self.feature_layers) <= set(range(L + 1)):
             raise ConfigError(f"eagle feature_layers must be distinct layers in 0..{L} including the final one "
                               f"({L}), got {list(self.feature_layers)}")
+        if layout not in (None, "eagle") or (layout == "eagle" and len(self.feature_layers) > 1):
+            raise ConfigError(f"eagle layout must be unset or 'eagle' (EAGLE-1's shape, the final feature only), "
+                              f"got {layout!r} with feature_layers {list(self.feature_layers)}")
+        self.layout = layout
         self.fuse = Linear(len(self.feature_layers) * C, C, bias=False) if len(self.feature_layers) > 1 else None
-        self.fc = Linear(2 * C, C, bias=True)
+        self.fc = Linear(2 * C, C, bias=layout is None)
         self.layer = Transformer(self.config)
         del self.layer.embed  # the pair input replaces the token embedding (`inputs_embeds`)
+        if layout == "eagle":
+            self.block.attn_norm = nn.Identity()
+            self.layer.norm = nn.Identity()
 
     @classmethod
     def from_config(cls, target: ModelConfig, config: EagleConfig) -> Self:
-        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers)
+        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers, config.layout)
 
     def graph_files(self) -> list[str]:
         """The layer's step graph (features, embeds, position_ids, attention_mask, past_key_0 /
@@ -149,12 +164,14 @@ class EagleNet(DraftVocabNet):
         with torch.no_grad():
             nn.init.normal_(self.fc.weight, std=std)
             self.fc.weight[:, :C] += torch.eye(C)
-            nn.init.zeros_(self.fc.bias)
+            if self.fc.bias is not None:
+                nn.init.zeros_(self.fc.bias)
             if self.fuse is not None:  # starts as the final feature plus small contributions of the others
                 nn.init.normal_(self.fuse.weight, std=std)
                 final = self.feature_layers.index(target.config.n_layer)
                 self.fuse.weight[:, final * C : (final + 1) * C] += torch.eye(C)
-            self.layer.norm.load_state_dict(target.norm.state_dict())
+            if self.layout is None:
+                self.layer.norm.load_state_dict(target.norm.state_dict())
             self.draft_vocab.copy_(draft_vocab)
         self.tie_head(target)
 

@@ -35,6 +35,7 @@ class EagleModule(DrafterModule):
         step_decay: float = 0.8,
         feature_weight: float = 1.0,
         token_weight: float = 0.1,
+        layout: str | None = None,
         **training: Any,
     ) -> None:
         """
@@ -47,6 +48,9 @@ class EagleModule(DrafterModule):
             step_decay: Loss weight of step k is step_decay**k.
             feature_weight: Weight of the feature regression (SmoothL1) loss.
             token_weight: Weight of the token distillation (soft cross-entropy) loss.
+            layout: None for warpdecode's network; "eagle" for EAGLE-1's shape (no norms around the
+                block, fc without a bias), which `convert-drafter --format eagle` writes for vLLM and
+                SafeAILab/EAGLE (`models/eagle.py`).
             **training: `DrafterTraining`'s keywords (target, draft vocabulary, optimizer, tree,
                 export_dir).
         """
@@ -55,7 +59,7 @@ class EagleModule(DrafterModule):
                               f"{steps}, {step_decay}, {feature_weight}, {token_weight}")
         super().__init__(DrafterTraining(**training))
         vocab = min(self.training_args.draft_vocab_size, self.target.config.vocab_size)
-        self.net = EagleNet(self.target.config, vocab, d_ff, feature_layers)
+        self.net = EagleNet(self.target.config, vocab, d_ff, feature_layers, layout)
         self.net.tie_head(self.target)
 
     def init_drafter(self, draft_vocab: Tensor) -> None:
@@ -98,4 +102,4 @@ class EagleModule(DrafterModule):
 
     def package_config(self) -> EagleConfig:
         return EagleConfig(draft_vocab_size=self.net.config.vocab_size, d_ff=self.net.config.d_ff,
-                           feature_layers=self.net.feature_layers)
+                           feature_layers=self.net.feature_layers, layout=self.net.layout)

@@ -19,6 +19,7 @@ from warpdecode.models.checkpoint import load_gguf_quantized, load_pretrained
 from warpdecode.models.device import NATIVE, torch_device, torch_dtype, weight_bits
 from warpdecode.models.named import DEFAULT_MODEL
 from warpdecode.models.quantized import quantized_target
+from warpdecode.models.random_shapes import is_random, random_model
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
 from warpdecode.runtime.package import BACKENDS, InferencePackage, tensorrt_hint
@@ -85,7 +86,12 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
         if (bits is not None or dtype == NATIVE) and (CUDA_GRAPHS in backends or torch_device(device).type != "cpu"):
             raise CapabilityError(f"--dtype {dtype} runs on the CPU (torch's weight-only kernels), not on {device} "
                                   f"or --backend {CUDA_GRAPHS}")
-        if dtype == NATIVE:
+        if is_random(source):
+            if dtype == NATIVE:
+                raise ConfigError("a random-weights model has no native quantised weights; use --dtype q8 or q4")
+            loaded = random_model(source, device=torch_device(device), dtype=precision)
+            tokenizer = load_pretrained(DEFAULT_MODEL)[1]
+        elif dtype == NATIVE:
             loaded, tokenizer = load_gguf_quantized(source)
         else:
             loaded, tokenizer = load_pretrained(source, device=torch_device(device), dtype=precision)

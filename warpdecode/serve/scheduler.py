@@ -42,12 +42,12 @@ from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import build_method, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.specs import MethodSpec
+from warpdecode.decoding.stop_strings import StopMatcher
 from warpdecode.errors import WarpdecodeError, one_line
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
 from warpdecode.serve.metrics import ServerMetrics
 from warpdecode.serve.protocol import ApiError, Usage, bad_request
-from warpdecode.serve.stops import StopMatcher
 
 MAX_BUILT_METHODS = 8
 """Built methods kept for reuse (a drafter loads its weights once, in `prepare`)."""

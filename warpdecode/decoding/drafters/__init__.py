@@ -14,6 +14,7 @@ from warpdecode.decoding.drafters import (  # noqa: F401
     layer_skip,
     lookahead,
     medusa,
+    oracle,
     ppd,
     prompt_lookup,
     quantized_self,

@@ -3,6 +3,7 @@
 from warpdecode.decoding.verifiers import (  # noqa: F401
     greedy_match,
     judge,
+    oracle,
     spectr,
     speculative_sampling,
     trust,

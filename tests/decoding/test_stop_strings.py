@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warpdecode.serve.stops import StopMatcher
+from warpdecode.decoding.stop_strings import StopMatcher
 
 
 def run(stops: tuple[str, ...], deltas: list[str]) -> tuple[list[str], bool]:

@@ -1,0 +1,92 @@
+"""Cost per token and open-ended text statistics of the decoding rules and hooks against greedy decoding,
+side by side: every configuration decodes each prompt in turn, rounds interleaved, on the default model.
+
+    PYTHONPATH=. python scripts/rule_costs.py --prompts 4 --max-new-tokens 64 --rounds 2 --threads 1
+
+Prompts: the first turns of Spec-Bench's writing and roleplay questions (../shared/datasets). Prints one
+markdown row per configuration: ms per token, its ratio to greedy's (medians over prompts and rounds),
+distinct-2 / distinct-3 and rep-4 of the generated tokens (`metrics/open_ended.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from warpdecode.data.datasets import dataset_file
+from warpdecode.decoding.generate import encode_prompt, generate
+from warpdecode.metrics.open_ended import DistinctN, RepetitionRate
+from warpdecode.models.checkpoint import load_pretrained, resolve
+from warpdecode.models.named import DEFAULT_MODEL
+
+
+def identity_processor(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """A caller's processor that reads its input and changes nothing: the hook's own overhead."""
+    scores[0, int(input_ids[0, -1])] += 0.0
+    return scores
+
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "greedy": {},
+    "greedy + logits_processor": {"logits_processor": [identity_processor]},
+    "greedy + stop (never met)": {"stop": ["\u2603\u2603"]},
+    "greedy + bad_words_ids (5 words)": {"bad_words": ["very", "really", "just", "Hawaii", "the best"]},
+    "prompt_lookup": {"method": "prompt_lookup"},
+    "prompt_lookup + logits_processor": {"method": "prompt_lookup", "logits_processor": [identity_processor]},
+    "top-p 0.9, T 0.8": {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 0},
+    "contrastive (alpha 0.6, k 4)": {"penalty_alpha": 0.6, "top_k": 4},
+    "mirostat v2 (tau 5, eta 0.1), T 0.8": {"mirostat": 2, "do_sample": True, "temperature": 0.8, "seed": 0},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_pretrained(resolve(DEFAULT_MODEL))
+    assert tokenizer is not None
+    rows = [json.loads(line) for line in dataset_file("spec_bench/question.jsonl").read_text().splitlines()]
+    turns = [r["turns"][0] for r in rows if r["category"] in ("writing", "roleplay")][: args.prompts]
+    prompts = [encode_prompt(tokenizer, t, chat=True) for t in turns]
+    bad = [tokenizer.encode(" " + w, add_special_tokens=False) for w in CONFIGS["greedy + bad_words_ids (5 words)"]["bad_words"]]
+    calls: dict[str, Callable[[list[int]], Any]] = {}
+    for name, kwargs in CONFIGS.items():
+        options = {k: v for k, v in kwargs.items() if k != "bad_words"} | ({"bad_words_ids": bad} if "bad_words" in kwargs else {})
+        calls[name] = lambda ids, o=options: generate(model, tokenizer, ids, max_new_tokens=args.max_new_tokens, **o)
+    for call in calls.values():  # warm-up
+        call(prompts[0][:8])
+    per_token: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    outputs: dict[str, list[list[int]]] = {name: [] for name in CONFIGS}
+    for round_ in range(args.rounds):
+        for ids in prompts:
+            for name, call in calls.items():
+                start = time.perf_counter()
+                out = call(ids)
+                per_token[name].append((time.perf_counter() - start) / len(out.token_ids))
+                if round_ == 0:
+                    outputs[name].append(out.token_ids)
+    base = statistics.median(per_token["greedy"])
+    print("| configuration | ms / token | vs greedy | distinct-2 | distinct-3 | rep-4 |")
+    print("|---|---|---|---|---|---|")
+    for name in CONFIGS:
+        metrics = [DistinctN(2), DistinctN(3), RepetitionRate(4)]
+        for metric in metrics:
+            metric.update(outputs[name])
+        d2, d3, r4 = (float(m.compute()) for m in metrics)
+        ms = statistics.median(per_token[name])
+        print(f"| {name} | {ms * 1000:.1f} | {ms / base:.2f}x | {d2:.3f} | {d3:.3f} | {r4:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

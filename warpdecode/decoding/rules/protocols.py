@@ -1,0 +1,60 @@
+"""What a decoding rule is: a one-sequence loop of its own that chooses each next token by a rule
+other than the target's processed argmax or sample (contrastive search, Mirostat).
+
+Rules share the backbone, cache, `Sampler` (penalties and the caller's logits hooks) and stats types
+with the engine, and the same stop handling (stop tokens, stop strings, streaming). They change the
+output distribution by design (`lossless = False`) and do not compose with a drafter: `generate`
+refuses a speculative method together with a rule (docs/decoding-rules.md says why for each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from warpdecode.decoding.outputs import DecodeStats, FinishReason
+from warpdecode.decoding.sampler import Sampler
+from warpdecode.models.backbone import Backbone
+
+Decoded = tuple[list[int], FinishReason, DecodeStats]
+"""(new tokens, finish reason, stats), as `engine.run` returns them."""
+
+
+@dataclass
+class Emitter:
+    """Where a rule's loop puts each chosen token: streaming, stop strings, stop tokens and the budget."""
+
+    stop_ids: set[int]
+    max_new_tokens: int
+    on_tokens: Callable[[list[int]], None] | None = None
+    stop_check: Callable[[list[int]], int | None] | None = None
+    new: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+    def push(self, token: int) -> bool:
+        """Take the next token; False once decoding has ended (a stop string wins over a stop token)."""
+        self.new.append(token)
+        if self.stop_check is not None and self.stop_check([token]) is not None:
+            self.finish = "stop"
+        elif token in self.stop_ids:
+            self.finish = "eos"
+        elif len(self.new) >= self.max_new_tokens:
+            self.finish = "length"
+        if self.on_tokens is not None:
+            self.on_tokens([token])
+        return self.finish is None
+
+
+class DecodingRule(Protocol):
+    name: ClassVar[str] = ""
+    lossless: ClassVar[bool] = False
+    """A rule chooses other tokens than the target's distribution by design."""
+    needs_training: ClassVar[bool] = False
+    needs_sampling: ClassVar[bool] = False
+    """Whether it draws samples (needs `do_sample`, a random generator in the sampler)."""
+
+    def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
+        """Decode after `prompt_ids` (which fit the context with `emit.max_new_tokens` more tokens) until
+        `emit.push` says to stop."""
+        ...

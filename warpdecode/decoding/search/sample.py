@@ -1,0 +1,97 @@
+"""n samples of one prompt as one batch: Hugging Face's `num_return_sequences` with `do_sample`.
+
+The prompt is run once and its keys and values are given to n cache rows; each step samples one token
+per open row through the `Sampler` (its penalties per row, then its filters), and a row that ends (a
+stop token or the budget) leaves the batch. Each sample records its log-probability under the target.
+One random generator serves the batch, so samples differ from n one-by-one runs with the same seed.
+`stop_at_first` ends the whole batch when the first row ends with a stop token (First Finish Search).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
+from warpdecode.decoding.processors import TokenHistory
+from warpdecode.decoding.registry import register
+from warpdecode.decoding.sampler import Sampler
+from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
+from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, with_text
+from warpdecode.errors import ConfigError
+from warpdecode.models.backbone import Backbone
+from warpdecode.models.tokenizer import Tokenizer
+
+
+@dataclass
+class _Row:
+    tokens: list[int] = field(default_factory=list)
+    logprob: float = 0.0
+    finish: FinishReason | None = None
+
+
+@torch.inference_mode()
+def sample_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, n: int, *,
+                max_new_tokens: int, stop_ids: set[int], stop_at_first: bool = False) -> SearchResult:
+    """Sample `n` continuations of `prompt` in one batch; candidates in row order (unranked, no score).
+    With `stop_at_first`, the rows still open when the first row stops are cut there ("length")."""
+    start = time.perf_counter()
+    stats = DecodeStats(prompt_tokens=len(prompt))
+    cache, first = prefill_rows(model, prompt, n, len(prompt) + max_new_tokens)
+    logits = first[None].expand(n, -1)  # (n, V)
+    rows = [_Row() for _ in range(n)]
+    active = list(range(n))
+    while True:
+        raw = torch.log_softmax(logits.float(), dim=-1)  # (B_active, V) the target's distribution
+        if sampler.penalties:
+            history = TokenHistory(torch.tensor(prompt), len(prompt), tuple(tuple(rows[i].tokens) for i in active))
+            logits = sampler.penalize(logits, history)
+        chosen = sampler.select(logits)  # (B_active,)
+        picked = raw.gather(1, chosen[:, None])[:, 0].tolist()
+        if not stats.time_to_first_token:
+            stats.time_to_first_token = time.perf_counter() - start
+        for i, token, logprob in zip(active, chosen.tolist(), picked, strict=True):
+            row = rows[i]
+            row.tokens.append(token)
+            row.logprob += logprob
+            if token in stop_ids:
+                row.finish = "eos"
+            elif len(row.tokens) >= max_new_tokens:
+                row.finish = "length"
+        stats.search_tokens += len(active)
+        if stop_at_first and any(rows[i].finish == "eos" for i in active):
+            for i in active:
+                rows[i].finish = rows[i].finish or "length"
+        still = [j for j, i in enumerate(active) if rows[i].finish is None]
+        if not still:
+            break
+        if len(still) < len(active):
+            cache.keep_rows(still)
+        active = [active[j] for j in still]
+        pending = torch.tensor([[rows[i].tokens[-1]] for i in active], device=model.embed.weight.device)
+        logits = model(pending, cache=cache).logits[:, -1]  # (B_active, V)
+        stats.target_forwards += 1
+    stats.seconds = time.perf_counter() - start
+    stats.target_seconds = stats.seconds - stats.time_to_first_token
+    candidates = [Candidate(r.tokens, r.finish or "length", logprob=r.logprob) for r in rows]
+    return SearchResult(with_text(candidates, tokenizer), stats)
+
+
+@register("search", "sample")
+class MultiSample(SearchStrategy):
+    needs_sampling = True
+    composes_with_speculation = False  # each row could draft (prompt lookup) and verify losslessly: not built yet
+
+    def __init__(self, n: int = 4) -> None:
+        if not 1 <= n <= MAX_ROWS:
+            raise ConfigError(f"n (--num-return-sequences) must be in [1, {MAX_ROWS}], got {n}")
+        self.n = self.num_return_sequences = n
+
+    def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
+               max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
+        result = sample_rows(model, tokenizer, prompt, sampler, self.n, max_new_tokens=max_new_tokens,
+                             stop_ids=stop_ids)
+        result.stats.new_tokens = len(result.candidates[0].token_ids)
+        return result
