@@ -2,39 +2,65 @@
 on JSON schemas with the default model (plus unconstrained plain greedy, for the masking overhead).
 
     python scripts/constrained_bench.py [--rounds 2] [--max-new-tokens 96] [--threads 2]
+    python scripts/constrained_bench.py --set schemas [--limit 8] [--schema-chars 1500]
+
+`--set builtin` (the default): three hand-written schemas (`scripts/grammar_engines.py`) with task
+prompts. `--set schemas`: the real schemas of `scripts/schema_set.py` (SchemaStore schemas vendored by
+check-jsonschema, the JSON Schema meta-schemas), the first `--limit` that llguidance compiles (`schema_set.schemas` order), each
+compiled strictly where it can and leniently otherwise; the coverage of both modes is printed first.
+`--compare awrs` runs plain decoding (no jump-forward) with full masks and with adaptive rejection
+(`constrained_sampling="awrs"`), greedy and sampled at temperature 1 (seeded per prompt and round),
+instead of the speculation configurations.
 
 Runs are interleaved (every configuration on a prompt, then the next prompt, for `--rounds` rounds),
 so machine load hits all of them alike. Reports per configuration: tokens/s (all new tokens over all
 seconds), τ (docs/metrics.md: accepted draft tokens plus one bonus per verify forward), target forwards, how many outputs finished and validated
 against their schema (`jsonschema`), speed relative to constrained plain greedy, and the share of the
-time spent in the engine's grammar hook (masks, tree walks, commits). Constrained
-configurations must produce identical tokens (checked).
+time spent in the engine's grammar hook (masks, tree walks, commits), and llguidance's time per
+mask (`GrammarState.fill_mask`, p50 / p99 over every call), full masks and matcher checks
+(`GrammarState.allows`) per new token. Greedy constrained configurations must produce identical
+tokens (checked). Outputs are counted as valid (finished with EOS and validated), invalid
+(finished but not valid: possible only under a lenient grammar), unverifiable (a `$ref` jsonschema
+cannot resolve offline) or "length" (the budget ran out: a valid prefix, never counted as valid).
+Unconstrained outputs count as valid when the first fenced block, or else the outermost {...}, of the
+text validates (the compliance baseline).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-import jsonschema
 import torch
 
+from warpdecode.decoding.constraints.awrs import AdaptiveRejection
+from warpdecode.decoding.constraints.llguidance_matcher import GrammarState
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
+from warpdecode.decoding.generate import stop_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grammar_engines import SCHEMAS
+from schema_set import compile_modes, schemas, validate
 
 import warpdecode
 
-CONFIGS = [  # name, method, constrained, jump_forward
-    ("unconstrained greedy", "none", False, False),
-    ("constrained greedy", "none", True, False),
-    ("constrained greedy + jump-forward", "none", True, True),
-    ("constrained prompt_lookup", "prompt_lookup", True, False),
-    ("constrained prompt_lookup + jump-forward", "prompt_lookup", True, True),
+CONFIGS = [  # name, method, constrained, jump_forward, constrained_sampling, do_sample
+    ("unconstrained greedy", "none", False, False, "mask", False),
+    ("constrained greedy", "none", True, False, "mask", False),
+    ("constrained greedy + jump-forward", "none", True, True, "mask", False),
+    ("constrained prompt_lookup", "prompt_lookup", True, False, "mask", False),
+    ("constrained prompt_lookup + jump-forward", "prompt_lookup", True, True, "mask", False),
+]
+AWRS_CONFIGS = [  # --compare awrs: full mask vs adaptive rejection, plain decoding, no jump-forward
+    ("constrained greedy", "none", True, False, "mask", False),
+    ("constrained greedy, awrs", "none", True, False, "awrs", False),
+    ("constrained sampling", "none", True, False, "mask", True),
+    ("constrained sampling, awrs", "none", True, False, "awrs", True),
 ]
 TASKS = {
     "person": "Invent a fictional person.",
@@ -47,18 +73,85 @@ CONSTRAINT_SECONDS = [0.0]
 """Time spent in the engine's grammar hook (masks, tree walks, commits), summed."""
 
 
-def _timed_hook(name: str) -> None:
-    """Wrap `ConstrainedDecoding.name` so its time adds to CONSTRAINT_SECONDS."""
-    method = getattr(ConstrainedDecoding, name)
+_DEPTH = [0]
+
+
+def _timed_hook(cls: type, name: str) -> None:
+    """Wrap `cls.name` so its time adds to CONSTRAINT_SECONDS (outermost call only: an override that
+    calls the base class's method counts once)."""
+    method = cls.__dict__[name]
 
     def wrapper(self: ConstrainedDecoding, *args: object) -> object:
+        _DEPTH[0] += 1
         start = time.perf_counter()
         try:
             return method(self, *args)
         finally:
-            CONSTRAINT_SECONDS[0] += time.perf_counter() - start
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                CONSTRAINT_SECONDS[0] += time.perf_counter() - start
 
-    setattr(ConstrainedDecoding, name, wrapper)
+    setattr(cls, name, wrapper)
+
+
+MASK_SECONDS: list[float] = []
+"""Duration of every `GrammarState.fill_mask` call (llguidance's mask) since the last reset."""
+
+
+def _timed_fill_mask() -> None:
+    method = GrammarState.fill_mask
+
+    def wrapper(self: GrammarState, bits: torch.Tensor) -> None:
+        start = time.perf_counter()
+        method(self, bits)
+        MASK_SECONDS.append(time.perf_counter() - start)
+
+    GrammarState.fill_mask = wrapper  # type: ignore[method-assign]
+
+
+CHECKS = [0]
+"""`GrammarState.allows` calls (adaptive rejection's matcher checks) since the last reset."""
+
+
+def _counted_checks() -> None:
+    method = GrammarState.allows
+
+    def wrapper(self: GrammarState, token: int) -> bool:
+        CHECKS[0] += 1
+        return method(self, token)
+
+    GrammarState.allows = wrapper  # type: ignore[method-assign]
+
+
+def builtin_tasks() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(name, prompt, response format, schema) of the hand-written schemas."""
+    out = []
+    for schema_name, task in TASKS.items():
+        schema = SCHEMAS[schema_name]
+        prompt = f"{task} Reply with JSON only, matching this JSON Schema: {json.dumps(schema)}"
+        out.append((schema_name, prompt, {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema}},
+                    schema))
+    return out
+
+
+def schema_tasks(model: Any, tokenizer: Any, limit: int, schema_chars: int) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """The first `limit` schemas of the set that compile (strictly if they can), after a coverage report."""
+    stops = stop_token_ids(model, tokenizer)
+    out, items, covered = [], schemas(), {"strict": 0, "lenient": 0}
+    for item in items:
+        modes = dict(compile_modes(item, tokenizer, model.config.vocab_size, stops))
+        for mode, reason in modes.items():
+            covered[mode] += reason is None
+        if modes["strict"] is not None:
+            print(f"strict refuses {item.name}: {modes['strict'][:120]}")
+        if modes["lenient"] is not None:
+            print(f"lenient refuses {item.name}: {modes['lenient'][:120]}")
+        usable = "strict" if modes["strict"] is None else "lenient" if modes["lenient"] is None else None
+        if usable is not None and len(out) < limit:
+            out.append((f"{item.name} ({usable})", item.prompt(schema_chars), item.response_format(usable == "lenient"),
+                        item.schema))
+    print(f"coverage: strict {covered['strict']}/{len(items)}, lenient {covered['lenient']}/{len(items)}\n")
+    return out
 
 
 def main() -> None:
@@ -67,23 +160,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare", choices=["speculation", "awrs"], default="speculation",
+                        help="awrs: full masks vs adaptive rejection (constrained_sampling), greedy and sampled (T=1)")
+    parser.add_argument("--set", choices=["builtin", "schemas"], default="builtin")
+    parser.add_argument("--limit", type=int, default=8, help="schemas of --set schemas (the smallest that compile)")
+    parser.add_argument("--schema-chars", type=int, default=1500, help="characters of the schema in a --set schemas prompt")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     model, tokenizer = warpdecode.load(args.model)
-    for name in ("mask_next", "shape", "mask", "commit"):
-        _timed_hook(name)
-    totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "valid": 0, "runs": 0, "hook": 0.0} for name, *_ in CONFIGS}
-    for _ in range(args.rounds):
-        for schema_name, task in TASKS.items():
-            schema = SCHEMAS[schema_name]
-            prompt = f"{task} Reply with JSON only, matching this JSON Schema: {json.dumps(schema)}"
-            rf = {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema}}
+    for cls in (ConstrainedDecoding, AdaptiveRejection):
+        for name in ("mask_next", "shape", "mask", "commit"):
+            if name in cls.__dict__:
+                _timed_hook(cls, name)
+    _timed_fill_mask()
+    _counted_checks()
+    configs = CONFIGS if args.compare == "speculation" else AWRS_CONFIGS
+    tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
+    totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
+                     "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0} for name, *_ in configs}
+    for round_ in range(args.rounds):
+        for index, (task_name, prompt, rf, schema) in enumerate(tasks):
             reference = None
-            for name, method, constrained, jump_forward in CONFIGS:
+            for name, method, constrained, jump_forward, sampling, do_sample in configs:
                 hook_before = CONSTRAINT_SECONDS[0]
+                MASK_SECONDS.clear()
+                CHECKS[0] = 0
                 out = warpdecode.generate(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, method=method,
-                                          response_format=rf if constrained else None, jump_forward=jump_forward)
+                                          response_format=rf if constrained else None, jump_forward=jump_forward,
+                                          constrained_sampling=sampling, do_sample=do_sample,
+                                          seed=1000 * round_ + index if do_sample else None)
                 t = totals[name]
                 t["tokens"] += out.stats.new_tokens
                 t["seconds"] += out.stats.seconds
@@ -91,23 +197,33 @@ def main() -> None:
                 t["accepted"] += sum(out.stats.accepted_per_step)
                 t["runs"] += 1
                 t["hook"] += CONSTRAINT_SECONDS[0] - hook_before
+                t["masks"] += MASK_SECONDS
+                t["checks"] += CHECKS[0]
                 if constrained:
-                    if reference is None:
+                    if reference is None and not do_sample:
                         reference = out.token_ids
-                    assert out.token_ids == reference, f"{name} differs from constrained greedy on {schema_name}"
-                    if out.finish_reason == "eos":
-                        jsonschema.validate(json.loads(out.text), schema)
-                        t["valid"] += 1
-                print(f"{schema_name:7s} {name:42s} {out.stats.new_tokens:3d} tokens {out.stats.seconds:6.2f} s "
-                      f"{out.finish_reason:6s} {out.text[:70]!r}", flush=True)
+                    assert do_sample or out.token_ids == reference, f"{name} differs from constrained greedy on {task_name}"
+                    verdict = validate(out.text, schema) if out.finish_reason == "eos" else "length"
+                else:
+                    verdict = validate(out.text, schema, extract=True)
+                t[verdict] += 1
+                print(f"{task_name[:40]:40s} {name:42s} {out.stats.new_tokens:3d} tokens {out.stats.seconds:6.2f} s "
+                      f"{out.finish_reason:6s} {verdict:12s} {out.text[:60]!r}", flush=True)
     base = totals["constrained greedy"]
     base_speed = base["tokens"] / base["seconds"]
-    print("\n| configuration | tokens/s | vs constrained greedy | τ | forwards | valid | grammar hook |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| configuration | tokens/s | vs constrained greedy | τ | forwards | valid | invalid | length | grammar hook |"
+          " mask p50 / p99 (µs) | full masks per token | checks per token |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, t in totals.items():
         speed = t["tokens"] / t["seconds"]
+        masks = sorted(t["masks"])
+        timing = (f"{1e6 * statistics.median(masks):.0f} / {1e6 * masks[int(0.99 * (len(masks) - 1))]:.0f}"
+                  if masks else "–")
+        invalid = t["invalid"] + t["not json"]
         print(f"| {name} | {speed:.1f} | {speed / base_speed:.2f}x | {(t['accepted'] + t['forwards']) / t['forwards']:.2f} | "
-              f"{t['forwards']} | {t['valid']}/{t['runs']} | {100 * t['hook'] / t['seconds']:.1f} % |")
+              f"{t['forwards']} | {t['valid']}/{t['runs']} | {invalid}{' + ' + str(t['unverifiable']) + ' unverifiable' if t['unverifiable'] else ''} | "
+              f"{t['length']} | {100 * t['hook'] / t['seconds']:.1f} % | {timing} | {len(masks) / t['tokens']:.2f} | "
+              f"{t['checks'] / t['tokens']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -210,7 +210,8 @@ def test_gbnf_grammar_is_read(target, tokenizer):
 
 @pytest.mark.slow
 def test_real_model_json_with_prompt_lookup_and_jump_forward(smollm2):
-    """On the default model's 49k byte-level vocabulary: the same valid JSON, in fewer forwards."""
+    """On the default model's 49k byte-level vocabulary: the same valid JSON, in fewer forwards, and
+    with adaptive rejection."""
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                "population": {"type": "integer", "minimum": 0}},
               "required": ["city", "population"], "additionalProperties": False}
@@ -223,6 +224,11 @@ def test_real_model_json_with_prompt_lookup_and_jump_forward(smollm2):
     assert fast.token_ids == plain.token_ids and plain.finish_reason == "eos"
     jsonschema.validate(json.loads(plain.text), schema)
     assert fast.stats.target_forwards < plain.stats.target_forwards
+    # adaptive rejection: the same tokens, also where llguidance's mask keeps only the canonical
+    # tokens of forced bytes (the first step: `{"` for `{"city":"`, not `{`)
+    awrs = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=40, response_format=rf,
+                    jump_forward=False, constrained_sampling="awrs")
+    assert awrs.token_ids == plain.token_ids
 
 
 def test_constrained_rows_of_a_continuous_batch_are_exact(target, tokenizer):
@@ -254,3 +260,89 @@ def test_constrained_rows_of_a_continuous_batch_are_exact(target, tokenizer):
         else:
             assert row.new == naive_constrained_greedy(target, tokenizer, ids, FORMATS[fmt], 18)
             assert row.finish == ("eos" if row.new[-1] in stop else "length")
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("name", ["none", "prompt_lookup"])
+def test_awrs_greedy_is_the_masked_argmax(target, tokenizer, fmt, name):
+    """Adaptive rejection picks the same greedy tokens as the full mask, with and without jump-forward."""
+    prompt = tokenizer.encode(PROMPTS[list(FORMATS).index(fmt) % len(PROMPTS)])
+    reference = naive_constrained_greedy(target, tokenizer, prompt, FORMATS[fmt], 40)
+    for jump_forward in (True, False):
+        out = generate(target, tokenizer, prompt, max_new_tokens=40, response_format=FORMATS[fmt], method=name,
+                       jump_forward=jump_forward, constrained_sampling="awrs")
+        assert out.token_ids == reference
+
+
+def test_awrs_row_follows_the_masked_distribution(target, tokenizer):
+    """One row, sampled by adaptive rejection 3,000 times: the masked softmax at the temperature
+    (after "abc-" the regex allows the ten digits and "-" is forbidden, so most draws are rejected)."""
+    from warpdecode.decoding.constraints.awrs import AdaptiveRejection
+    from warpdecode.decoding.sampler import Sampler, SamplingConfig
+
+    grammar = compile_response_format(FORMATS["regex"], tokenizer, vocab_size=64, stop_ids={tokenizer.eos_token_id})
+    state = grammar.state()
+    assert state.advance(tokenizer.encode("abc-")) == 4
+    with torch.inference_mode():
+        logits = target(torch.tensor([tokenizer.encode(PROMPTS[1] + " abc-")])).logits[0, -1:] * 3
+    bits = torch.zeros(1, mask_words(64), dtype=torch.int32)
+    state.fill_mask(bits[0])
+    allowed = unpack_mask(bits, 64)[0]
+    exact = torch.softmax(logits[0].masked_fill(~allowed, float("-inf")) / 1.5, -1)
+    hook = AdaptiveRejection(state, Sampler(SamplingConfig(do_sample=True, temperature=1.5, seed=0)))
+    samples = [int(hook.mask_next(logits)[0].argmax()) for _ in range(3000)]
+    assert all(allowed[s] for s in samples)
+    assert tv(samples, exact) < 0.05  # ~0.02 expected for 10 outcomes; an unrenormalised or masked-late rule is far off
+    assert hook.checks > hook.selections == 3000 and hook.fallbacks == 0
+    assert torch.softmax(logits[0] / 1.5, -1)[allowed].sum() < 0.5  # rejections are the common case here
+
+
+def test_awrs_sampling_follows_the_constrained_distribution(target, tokenizer):
+    rf = {"type": "choice", "choices": ["ab", "ac", "b"]}
+    prompt = tokenizer.encode("ab ac b ab")
+    ids = {c: tokenizer.encode(c)[0] for c in "abc"}
+    with torch.inference_mode():
+        first = torch.softmax(target(torch.tensor([prompt])).logits[0, -1, [ids["a"], ids["b"]]], -1)
+        second = torch.softmax(target(torch.tensor([prompt + [ids["a"]]])).logits[0, -1, [ids["b"], ids["c"]]], -1)
+    exact = torch.tensor([first[0] * second[0], first[0] * second[1], first[1]])  # ab, ac, b
+    texts = ["ab", "ac", "b"]
+    samples = [texts.index(generate(target, tokenizer, prompt, max_new_tokens=4, response_format=rf, do_sample=True,
+                                    seed=s, jump_forward=False, constrained_sampling="awrs").text) for s in range(300)]
+    assert tv(samples, exact) < 0.09  # 300 samples of 3 outcomes (the row-level test above is the sharp one)
+
+
+def test_awrs_refusals(target, tokenizer):
+    with pytest.raises(CapabilityError, match="temperature only"):
+        generate(target, tokenizer, [5], max_new_tokens=4, response_format=FORMATS["regex"], do_sample=True, top_k=5,
+                 constrained_sampling="awrs")
+    with pytest.raises(ConfigError, match="constrained_sampling must be"):
+        generate(target, tokenizer, [5], max_new_tokens=4, response_format=FORMATS["regex"], constrained_sampling="x")
+
+
+def test_asap_converges_to_the_exact_conditional(target, tokenizer):
+    """On a finite language, ASAp's sampling distribution starts as masking's and, after corrections,
+    approaches the model conditioned on the language, which masking stays far from."""
+    from warpdecode.decoding.constraints.asap import ASAp, exact_conditional, kl, masked_policy
+
+    prompt = tokenizer.encode("ab ba")
+    memo = {}
+
+    def next_probs(prefix):
+        if prefix not in memo:
+            with torch.inference_mode():
+                memo[prefix] = torch.softmax(target(torch.tensor([prompt + list(prefix)])).logits[0, -1].double() * 3, -1)
+        return memo[prefix]
+
+    grammar = compile_response_format({"type": "regex", "regex": "[a-c]{1,3}x|b{4}"}, tokenizer, vocab_size=64,
+                                      stop_ids={tokenizer.eos_token_id})
+    exact = exact_conditional(grammar.state(), next_probs)
+    masked = exact_conditional(grammar.state(), next_probs, policy=masked_policy(next_probs))
+    assert len(exact) == 3 + 9 + 27 + 1 and abs(sum(exact.values()) - 1) < 1e-9 and abs(sum(masked.values()) - 1) < 1e-9
+    asap = ASAp(grammar.state(), next_probs)
+    start = exact_conditional(grammar.state(), next_probs, policy=asap.distribution)
+    assert max(abs(start[s] - masked[s]) for s in masked) < 1e-9
+    generator = torch.Generator().manual_seed(0)
+    samples = [asap.sample(generator) for _ in range(1000)]
+    assert all(tuple(s) in exact for s in samples)
+    after = exact_conditional(grammar.state(), next_probs, policy=asap.distribution)
+    assert kl(masked, exact) > 0.3 and kl(after, exact) < 0.1 * kl(masked, exact), (kl(masked, exact), kl(after, exact))

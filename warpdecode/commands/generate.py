@@ -60,6 +60,7 @@ def generate(
     grammar: Path | None = None,
     choice: str | None = None,
     jump_forward: bool = True,
+    constrained_sampling: str = "mask",
     num_beams: int = 1,
     num_return_sequences: int = 1,
     length_penalty: float = 1.0,
@@ -146,6 +147,9 @@ def generate(
         grammar: constrain the output to the Lark grammar (or GBNF) in this file.
         choice: constrain the output to one of these comma-separated strings.
         jump_forward: draft the tokens a constraint forces (free draft tokens; the output is the same).
+        constrained_sampling: how an undrafted step keeps a constraint: mask (the full allowed-token
+            mask) or awrs (check candidates from the unconstrained row until one is allowed: the same
+            distribution and greedy tokens; --temperature only, no top-k/top-p/min-p/typical-p).
         num_beams: > 1 runs beam search with this many beams (Hugging Face's rules and outputs); a search
             method (best_of_n, first_finish, sample: `warpdecode methods`) is named with --method instead,
             e.g. best_of_n:n=8:scorer=logprob. See docs/search.md.
@@ -216,6 +220,7 @@ def generate(
         mirostat_eta=mirostat_eta,
         response_format=response_format,
         jump_forward=jump_forward,
+        constrained_sampling=constrained_sampling,
         num_beams=num_beams,
         num_return_sequences=num_return_sequences,
         length_penalty=length_penalty,

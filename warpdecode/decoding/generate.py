@@ -153,6 +153,7 @@ def generate(
     mirostat_eta: float = 0.1,
     response_format: Mapping[str, Any] | None = None,
     jump_forward: bool = True,
+    constrained_sampling: str = "mask",
     num_beams: int = 1,
     num_return_sequences: int = 1,
     length_penalty: float = 1.0,
@@ -195,8 +196,10 @@ def generate(
     every method composes with it and the lossless ones stay exact against the constrained
     distribution. The output ends with the tokenizer's EOS once the grammar is complete (finish
     reason "eos", even with `stop_at_eos=False`); "length" means the budget ran out first and the
-    text may be incomplete. `jump_forward` drafts the tokens the grammar forces
-    (docs/structured-output.md).
+    text may be incomplete. `jump_forward` drafts the tokens the grammar forces. `constrained_sampling`
+    picks how an undrafted step's token is kept in the grammar: "mask" (the full allowed-token mask)
+    or "awrs" (draw from the unconstrained row and check candidates with the matcher until one is
+    allowed; the same distribution, and the same greedy tokens) (docs/structured-output.md).
 
     Several candidates (docs/search.md): `num_beams` > 1 runs beam search (`num_beam_groups` > 1: diverse
     beam search), `num_return_sequences` > 1 with sampling n samples, with Hugging Face's options; or
@@ -236,7 +239,8 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(matcher.push(stream.push(tokens)))
 
-    constraint = _constraint(model, tokenizer, response_format, jump_forward)
+    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
+    constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler)
     if constraint is not None and (device_step or built.device_step):
         raise CapabilityError("the device step does not take a response_format; use the engine's loop")
     rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta)
@@ -306,8 +310,10 @@ def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:
 
 
 def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,
-                jump_forward: bool) -> ConstrainedDecoding | None:
+                jump_forward: bool, constrained_sampling: str, sampler: Sampler) -> ConstrainedDecoding | None:
     """The engine's grammar hook for `response_format` (None: unconstrained)."""
+    if constrained_sampling not in ("mask", "awrs"):
+        raise ConfigError(f"constrained_sampling must be 'mask' or 'awrs', got {constrained_sampling!r}")
     if response_format is None:
         return None
     from warpdecode.decoding.constraints.formats import compile_response_format
@@ -315,7 +321,13 @@ def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: M
 
     grammar = compile_response_format(response_format, tokenizer, vocab_size=model.config.vocab_size,
                                       stop_ids=stop_token_ids(model, tokenizer))
-    return None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
+    if grammar is None:
+        return None
+    if constrained_sampling == "awrs":
+        from warpdecode.decoding.constraints.awrs import AdaptiveRejection
+
+        return AdaptiveRejection(grammar.state(), sampler, jump_forward=jump_forward)
+    return ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
 
 
 def generate_batch(

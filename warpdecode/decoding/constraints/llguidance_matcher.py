@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from warpdecode.errors import ConfigError, one_line
@@ -95,6 +96,8 @@ class GrammarState:
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
         self.terminated = terminated
+        self._forced_mask: Tensor | None = None  # `allows`'s mask where bytes are forced, until the state moves
+        self._forced_known = False  # whether `_forced_mask` is up to date for this state
 
     def fill_mask(self, bits: Tensor) -> None:
         if self.terminated:
@@ -105,6 +108,7 @@ class GrammarState:
             raise RuntimeError(f"grammar matcher failed: {self.matcher.get_error()}")
 
     def advance(self, tokens: list[int]) -> int:
+        self._forced_mask, self._forced_known = None, False
         done = 0
         for token in tokens:
             if self.terminated:
@@ -119,6 +123,7 @@ class GrammarState:
         return done
 
     def rollback(self, num_tokens: int) -> None:
+        self._forced_mask, self._forced_known = None, False
         if num_tokens and self.terminated:
             self.terminated, num_tokens = False, num_tokens - 1
         if num_tokens and not self.matcher.rollback(num_tokens):
@@ -126,6 +131,23 @@ class GrammarState:
 
     def fork(self) -> GrammarState:
         return GrammarState(self.matcher.deep_copy(), self.vocab_size, self.stop_ids, self.terminated)
+
+    def allows(self, token: int) -> bool:
+        """`validate_tokens` where no bytes are forced. Where some are, llguidance's mask keeps only the
+        tokens of their canonical tokenization (after a forced `{"name":"` it allows the token `{"`,
+        not `{`, which `validate_tokens` accepts), so the mask is computed once for the state and read."""
+        if self.terminated:
+            return False
+        if token in self.stop_ids:
+            return bool(self.matcher.is_accepting())
+        if not self._forced_known:
+            self._forced_known = True
+            if self.matcher.compute_ff_bytes():
+                self._forced_mask = torch.zeros((self.vocab_size + 31) // 32, dtype=torch.int32)
+                self.fill_mask(self._forced_mask)
+        if self._forced_mask is not None:
+            return bool((int(self._forced_mask[token // 32]) >> (token % 32)) & 1)
+        return bool(self.matcher.validate_tokens([token]) == 1)
 
     def is_accepting(self) -> bool:
         return self.terminated or bool(self.matcher.is_accepting())

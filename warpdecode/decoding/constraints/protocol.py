@@ -39,6 +39,11 @@ class Constraint(Protocol):
         """An independent copy of this state (for another branch or request)."""
         ...
 
+    def allows(self, token: int) -> bool:
+        """The grammar allows `token` next: exactly its bit in `fill_mask`, checked without the whole mask
+        where possible."""
+        ...
+
     def is_accepting(self) -> bool:
         """The tokens so far are a complete output: a stop token is allowed now."""
         ...
