@@ -83,7 +83,7 @@ def start_server(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen,
     if name == "llama.cpp":
         command = [args.llama_python, "-m", "llama_cpp.server", "--model", str(default_gguf()), "--port", str(port),
                    "--host", "127.0.0.1", "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
-                   "--n_ctx", "2048"]
+                   "--n_ctx", "2048", "--interrupt_requests", "False"]  # queue concurrent requests, not cancel them
     else:
         method, _, dtype = name.partition("@")
         command = [sys.executable, "-m", "warpdecode.cli", "serve", "--port", str(port), "--threads", str(args.threads),

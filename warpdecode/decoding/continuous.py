@@ -303,43 +303,60 @@ def _until_stop(tokens: list[int], stop_ids: set[int]) -> list[int]:
 class DraftBudget:
     """Speculation under load: whether a batch's next step drafts, from the step times measured on it.
 
-    A speculative step of `B` rows computes their draft trees too; it pays while the forward's cost
+    A speculative step of `B` rows verifies their draft trees too; it pays while the forward's cost
     grows slower than the tokens it gives. Where that stops depends on the machine and the drafters'
-    acceptance, so this measures both as the batch runs: per batch size and mode (drafting or not), a
-    moving average of the step's seconds and of the tokens it gave, and it picks the mode with more
-    tokens per second. A mode not yet measured at a batch size is tried first; every `explore_every`
-    steps at a size the other mode runs once, so a change in the traffic is noticed.
+    acceptance, so this measures both as the batch runs: per batch-size bucket (1, 2, 3-4, 5-8, ...) and
+    mode (drafting or not), moving averages of the step's seconds and of the tokens it gave, and it
+    picks the mode with more tokens per second. A verify row costs more, relative to the tokens it
+    can add, the more rows a batch holds, so drafting is tried at one row, and at a larger bucket only
+    once it won at the bucket half that size (a drafting step of many rows is costly to try); every
+    `explore_every` steps in a bucket the losing (or untried) mode runs once, so a change in the
+    traffic is noticed.
 
-    Example: at 1 row a drafting step takes 30 ms for 2.1 tokens (70 tok/s) against 20 ms for 1 token
-    plain (50 tok/s): draft; at 16 rows 160 ms for 30 tokens (188 tok/s) against 40 ms for 16 (400 tok/s):
-    do not.
+    Example: at 1 row a drafting step takes 24 ms for 1.5 tokens (63 tok/s) against 20 ms for 1 token
+    plain (50 tok/s): draft; at 16 rows 260 ms for 19 tokens (73 tok/s) against 48 ms for 16 (333
+    tok/s): do not, and do not try at 32 rows.
     """
 
-    def __init__(self, explore_every: int = 64, smoothing: float = 0.2) -> None:
+    def __init__(self, explore_every: int = 256, smoothing: float = 0.2) -> None:
         self.explore_every = explore_every
         self.smoothing = smoothing
         self.seconds: dict[tuple[int, bool], float] = {}
         self.tokens: dict[tuple[int, bool], float] = {}
         self.steps: dict[int, int] = {}
 
+    @staticmethod
+    def bucket(rows: int) -> int:
+        """The batch-size bucket of `rows`: the smallest power of two >= rows."""
+        return 1 << max(0, rows - 1).bit_length()
+
     def rate(self, rows: int, drafting: bool) -> float | None:
-        """Measured tokens per second of a step of `rows` rows in this mode (None: not measured)."""
-        key = (rows, drafting)
+        """Measured tokens per second of a step of `rows`' bucket in this mode (None: not measured)."""
+        key = (self.bucket(rows), drafting)
         return self.tokens[key] / self.seconds[key] if key in self.seconds and self.seconds[key] > 0 else None
+
+    def _won(self, bucket: int) -> bool:
+        """Drafting was measured faster than plain steps at this bucket."""
+        on, off = self.rate(bucket, True), self.rate(bucket, False)
+        return on is not None and off is not None and on >= off
 
     def choose(self, rows: int, can_draft: bool) -> bool:
         """Whether the next step of `rows` rows drafts (`can_draft`: some row has a drafter)."""
         if not can_draft:
             return False
+        bucket = self.bucket(rows)
+        self.steps[bucket] = self.steps.get(bucket, 0) + 1
+        explore = self.steps[bucket] % self.explore_every == 0
         on, off = self.rate(rows, True), self.rate(rows, False)
-        if on is None or off is None:
-            return on is None
-        self.steps[rows] = self.steps.get(rows, 0) + 1
+        if on is None:  # tried at one row, or where it won at half as many
+            return bucket == 1 or self._won(bucket // 2) or explore
+        if off is None:
+            return False
         best = on >= off
-        return (not best) if self.steps[rows] % self.explore_every == 0 else best
+        return (not best) if explore else best
 
     def observe(self, rows: int, drafting: bool, tokens: int, seconds: float) -> None:
-        key = (rows, drafting)
+        key = (self.bucket(rows), drafting)
         a = self.smoothing
         self.seconds[key] = seconds if key not in self.seconds else (1 - a) * self.seconds[key] + a * seconds
         self.tokens[key] = tokens if key not in self.tokens else (1 - a) * self.tokens[key] + a * tokens
