@@ -221,7 +221,7 @@ def test_real_model_ragged_speculation_is_exact(smollm2, single_thread):
 def test_draft_budget_drafts_where_it_measured_more_tokens_per_second():
     from warpdecode.decoding.continuous import DraftBudget
 
-    budget = DraftBudget(explore_every=4)
+    budget = DraftBudget(explore_every=4)  # every 4 steps at one row, 64 at 16 rows
     assert [DraftBudget.bucket(n) for n in (1, 2, 3, 4, 5, 9, 16, 17)] == [1, 2, 4, 4, 8, 16, 16, 32]
     assert budget.choose(1, can_draft=False) is False
     assert budget.choose(1, can_draft=True) is True  # nothing measured: draft first

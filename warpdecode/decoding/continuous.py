@@ -310,15 +310,15 @@ class DraftBudget:
     picks the mode with more tokens per second. A verify row costs more, relative to the tokens it
     can add, the more rows a batch holds, so drafting is tried at one row, and at a larger bucket only
     once it won at the bucket half that size (a drafting step of many rows is costly to try); every
-    `explore_every` steps in a bucket the losing (or untried) mode runs once, so a change in the
-    traffic is noticed.
+    `explore_every * bucket` steps in a bucket the losing (or untried) mode runs once, so a change in
+    the traffic (another request's acceptance) is noticed.
 
     Example: at 1 row a drafting step takes 24 ms for 1.5 tokens (63 tok/s) against 20 ms for 1 token
     plain (50 tok/s): draft; at 16 rows 260 ms for 19 tokens (73 tok/s) against 48 ms for 16 (333
     tok/s): do not, and do not try at 32 rows.
     """
 
-    def __init__(self, explore_every: int = 256, smoothing: float = 0.2) -> None:
+    def __init__(self, explore_every: int = 16, smoothing: float = 0.2) -> None:
         self.explore_every = explore_every
         self.smoothing = smoothing
         self.seconds: dict[tuple[int, bool], float] = {}
@@ -346,7 +346,7 @@ class DraftBudget:
             return False
         bucket = self.bucket(rows)
         self.steps[bucket] = self.steps.get(bucket, 0) + 1
-        explore = self.steps[bucket] % self.explore_every == 0
+        explore = self.steps[bucket] % (self.explore_every * bucket) == 0  # a costlier try, made more rarely
         on, off = self.rate(rows, True), self.rate(rows, False)
         if on is None:  # tried at one row, or where it won at half as many
             return bucket == 1 or self._won(bucket // 2) or explore
