@@ -239,7 +239,6 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(matcher.push(stream.push(tokens)))
 
-    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
     constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler)
     if constraint is not None and (device_step or built.device_step):
         raise CapabilityError("the device step does not take a response_format; use the engine's loop")
