@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -118,7 +119,7 @@ class ProblemResult:
         return sum(s.correct for s in self.samples)
 
 
-class Task:
+class Task(ABC):
     """An evaluation set: its problems, each problem's prompt, and the scoring of its samples."""
 
     default_chat: ClassVar[bool | None]
@@ -127,23 +128,26 @@ class Task:
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
 
+    @abstractmethod
     def problems(self) -> list[Any]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def problem_id(self, problem: Any) -> str:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def prompt(self, problem: Any) -> str:
-        raise NotImplementedError
+        ...
 
     @property
     def stop(self) -> tuple[str, ...]:
         """Stop strings that end a sample's generation (its text ends before the stop string)."""
         return ()
 
+    @abstractmethod
     def score(self, problem: Any, texts: list[str]) -> list[tuple[str, bool, str]]:
         """(what was scored, correct, reason) of each generated text."""
-        raise NotImplementedError
 
 
 class HumanEvalTask(Task):

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from warpdecode.decoding.engine import Method
-from warpdecode.decoding.outputs import DecodeStats, FinishReason
+from warpdecode.decoding.outputs import DecodeStats, FinishReason, until_stop
 from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler
@@ -76,7 +76,7 @@ class Row:
 
     def _push(self, tokens: list[int], stop_ids: set[int]) -> None:
         """Take a step's tokens, cut after a stop token, at the end of the grammar or at the budget."""
-        tokens = _until_stop(tokens, stop_ids)
+        tokens = until_stop(tokens, stop_ids)
         if self.constraint is not None:
             tokens = self.constraint.commit(tokens)
         tokens = tokens[: self.budget - len(self.new)]
@@ -290,14 +290,6 @@ class ContinuousBatch:
         if row.sampler.penalties:
             logits = row.sampler.penalize(logits, TokenHistory.single(row.prompt + row.new, row.prompt_len))
         return int(row.sampler.select(logits)[0])
-
-
-def _until_stop(tokens: list[int], stop_ids: set[int]) -> list[int]:
-    """`tokens` up to the first stop token (inclusive)."""
-    for i, token in enumerate(tokens):
-        if token in stop_ids:
-            return tokens[: i + 1]
-    return tokens
 
 
 class DraftBudget:

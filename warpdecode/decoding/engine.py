@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from warpdecode.decoding.outputs import DecodeStats, FinishReason
+from warpdecode.decoding.outputs import DecodeStats, FinishReason, until_stop
 from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.protocols import Controller, DecodeState, Drafter, Verifier
 from warpdecode.decoding.sampler import Sampler
@@ -122,11 +122,7 @@ def run(
         state.forward_tokens, state.forward_logits, state.forward_tree = tokens[0], out.logits[0], tree
         t2 = time.perf_counter()
 
-        emitted = result.tokens
-        for i, token in enumerate(emitted):  # stop right after a stop token, even mid-path
-            if token in stop_ids:
-                emitted = emitted[: i + 1]
-                break
+        emitted = until_stop(result.tokens, stop_ids)
         if constraint is not None:
             emitted = constraint.commit(emitted)
         if stop_check is not None and (keep := stop_check(emitted)) is not None:

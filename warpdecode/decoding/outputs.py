@@ -98,3 +98,12 @@ class GenerateOutput:
     """Every returned sequence, best first, when a search returns several (`num_beams`,
     `num_return_sequences`, a search method); `token_ids` / `text` are then the first one's. Empty for
     single-sequence decoding."""
+
+
+def until_stop(tokens: list[int], stop_ids: set[int]) -> list[int]:
+    """`tokens` up to and including the first stop token (all of them when none is one): a step that
+    emits several tokens stops right after a stop token, even mid-path."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[: i + 1]
+    return tokens

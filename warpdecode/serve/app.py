@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -45,6 +45,7 @@ DISCONNECT_POLL_SECONDS = 0.25
 """How often a non-streamed request checks that its client is still there while it waits."""
 
 Kind = Literal["completion", "chat"]
+Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
 
 
 class _ClientGone(Exception):
@@ -140,12 +141,16 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         _check_model(name, model_name)
         return JSONResponse(model_card())
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        body = await _read_body(request, max_body_bytes)
-        req: CompletionRequest = parse_body(CompletionRequest, body)
+    async def _parsed(request: Request, cls: type[Req]) -> Req:
+        """The request's body as `cls`, checked, for the served model (4xx otherwise)."""
+        req = parse_body(cls, await _read_body(request, max_body_bytes))
         req.check()
         _check_model(req.model, model_name)
+        return req
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await _parsed(request, CompletionRequest)
         prompt = req.single_prompt()
         if isinstance(prompt, list) and any(not 0 <= t < target.config.vocab_size for t in prompt):
             raise bad_request(f"prompt token ids must be in [0, {target.config.vocab_size})", "prompt")
@@ -155,10 +160,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await _read_body(request, max_body_bytes)
-        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, body)
-        req.check()
-        _check_model(req.model, model_name)
+        req = await _parsed(request, ChatCompletionRequest)
         if tokenizer.chat_template is None:
             raise bad_request(f"model {model_name!r} has no chat template; use /v1/completions", "messages")
         messages = req.template_messages()

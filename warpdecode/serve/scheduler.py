@@ -238,7 +238,7 @@ class Scheduler:
             for row, (other, _) in list(self._rows.items()):
                 if other is job:
                     self._leave(row)
-            _emit(job, Failed(ApiError(500, f"decoding failed: {one_line(error)}", type="server_error")))
+            _emit(job, _failed(error))
 
     def _admit(self, job: Job) -> None:
         if job.cancelled.is_set():
@@ -342,7 +342,7 @@ class Scheduler:
             for row, (job, output) in list(self._rows.items()):
                 self._leave(row)
                 if not output.done:
-                    _emit(job, Failed(ApiError(500, f"decoding failed: {one_line(error)}", type="server_error")))
+                    _emit(job, _failed(error))
             return
         for row in list(self._rows):
             self._emit_token(row)
@@ -367,6 +367,11 @@ class Scheduler:
             del self._rows[row]
             self._batch.remove(row)
         self.metrics.batch_size.set(len(self._rows))
+
+
+def _failed(error: Exception) -> Failed:
+    """The event that ends a request whose decoding raised `error` (a 500; the server goes on)."""
+    return Failed(ApiError(500, f"decoding failed: {one_line(error)}", type="server_error"))
 
 
 def _emit(job: Job, event: Event) -> bool:
