@@ -119,6 +119,21 @@ def test_refusals(target, kwargs, error):
         generate(target, None, PROMPT, max_new_tokens=4, **kwargs)
 
 
+def test_a_built_rule_equals_the_keywords(target):
+    from warpdecode.decoding import registry
+
+    rule = registry.build("rule", "contrastive", penalty_alpha=0.6, top_k=4)
+    keywords = generate(target, None, PROMPT, max_new_tokens=12, stop_at_eos=False, penalty_alpha=0.6, top_k=4)
+    built = generate(target, None, PROMPT, max_new_tokens=12, stop_at_eos=False, rule=rule)
+    assert built.token_ids == keywords.token_ids
+    with pytest.raises(ConfigError):
+        generate(target, None, PROMPT, max_new_tokens=4, rule=rule, penalty_alpha=0.6, top_k=4)
+    with pytest.raises(ConfigError):  # Mirostat draws samples
+        generate(target, None, PROMPT, max_new_tokens=4, rule=registry.build("rule", "mirostat"))
+    with pytest.raises(CapabilityError):
+        generate(target, None, PROMPT, max_new_tokens=4, rule=rule, method="prompt_lookup")
+
+
 def test_equals_the_reference_on_transformers_weights(tiny_model_dir):
     transformers = pytest.importorskip("transformers")
     model, tokenizer = load_pretrained(tiny_model_dir)

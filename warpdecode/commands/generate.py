@@ -13,6 +13,7 @@ import torch
 from warpdecode.commands.common import _check_one, _check_threads, _deprecated, _load_target
 
 if TYPE_CHECKING:
+    from warpdecode.decoding.rules.protocols import DecodingRule
     from warpdecode.decoding.search.protocols import SearchStrategy
     from warpdecode.decoding.specs import MethodSpec
     from warpdecode.models.backbone import Backbone
@@ -116,6 +117,8 @@ def generate(
             options, e.g. draft_model:layers=10:num_tokens=4; none = plain decoding (the default, or
             the method a package was exported with). Values are int, float, true/false, null or
             text. One method (`bench --methods` compares several; --methods is read as --method).
+            A search strategy (best_of_n:n=8) or a decoding rule (`warpdecode methods`, kinds search
+            and rule) runs its own loop instead of a drafter.
         method_options: deprecated: the drafter's options as JSON; write them in --method NAME:KEY=VALUE.
         verifier: acceptance rule NAME[:KEY=VALUE...], e.g. judge:path=models/judge:threshold=0.5;
             default: greedy matching, or speculative sampling when sampling.
@@ -183,7 +186,8 @@ def generate(
                             json_output, temperature, generator)
         return
     search = _search_method(method)
-    spec, warnings = _generate_spec("none" if search else method or default_method, method_options, verifier,
+    rule = _rule_method(method)
+    spec, warnings = _generate_spec("none" if search or rule else method or default_method, method_options, verifier,
                                     verifier_options, controller, controller_options)
     built = spec.with_defaults(drafter_options).build(do_sample=temperature > 0)
     for line in warnings:  # once the method is built: a refused one is reported in one line
@@ -229,6 +233,7 @@ def generate(
         num_beam_groups=num_beam_groups,
         diversity_penalty=diversity_penalty,
         search=search,
+        rule=rule,
     )
     if json_output:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
@@ -305,6 +310,17 @@ def _search_method(method: str | None) -> SearchStrategy | None:
         return None
     name, options = parse_spec(method)
     return registry.build("search", name, **options) if name in registry.names("search") else None
+
+
+def _rule_method(method: str | None) -> DecodingRule | None:
+    """The decoding rule --method names (`momentum:alpha=0.2`), or None when it names a drafter or a search."""
+    from warpdecode.decoding import registry
+    from warpdecode.decoding.specs import parse_spec
+
+    if method is None:
+        return None
+    name, options = parse_spec(method)
+    return registry.build("rule", name, **options) if name in registry.names("rule") else None
 
 
 def _generate_spec(method: str, method_options: dict[str, Any] | None, verifier: str | None,

@@ -162,6 +162,7 @@ def generate(
     num_beam_groups: int = 1,
     diversity_penalty: float = 0.0,
     search: SearchStrategy | None = None,
+    rule: DecodingRule | None = None,
 ) -> GenerateOutput:
     """Generate a continuation of `prompt` (text, or token ids used as they are).
 
@@ -188,7 +189,8 @@ def generate(
     `decoding/rules/contrastive.py`) instead of greedy decoding; `mirostat` 1 or 2 samples with
     llama.cpp's Mirostat v1 / v2 (`mirostat_tau`, `mirostat_eta`; `decoding/rules/mirostat.py`) at
     `temperature`, instead of the top-k / top-p / min-p / typical filters. Neither takes a speculative
-    method or a `response_format`.
+    method or a `response_format`. `rule` runs any built decoding rule (`registry.build("rule", NAME,
+    ...)`, `warpdecode methods` lists them) in its own loop the same way.
 
     `response_format` constrains the output, in OpenAI's shape (`{"type": "json_schema", "json_schema":
     {"name": ..., "schema": {...}}}`, `{"type": "json_object"}`) or warpdecode's (`{"type": "regex",
@@ -242,7 +244,7 @@ def generate(
     constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler)
     if constraint is not None and (device_step or built.device_step):
         raise CapabilityError("the device step does not take a response_format; use the engine's loop")
-    rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta)
+    rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta, rule)
     if rule is not None:
         from warpdecode.decoding.drafters.empty import EmptyDrafter
         from warpdecode.decoding.rules.protocols import Emitter
@@ -283,9 +285,15 @@ def generate(
 
 
 def _rule(config: SamplingConfig, penalty_alpha: float | None, mirostat: int, mirostat_tau: float,
-          mirostat_eta: float) -> DecodingRule | None:
-    """The decoding rule the keywords ask for (None: the engine's loop), refusing combinations that
-    would silently drop an option."""
+          mirostat_eta: float, rule: DecodingRule | None = None) -> DecodingRule | None:
+    """The decoding rule the keywords ask for (None: the engine's loop), or `rule` when one is given,
+    refusing combinations that would silently drop an option."""
+    if rule is not None:
+        if mirostat or penalty_alpha:
+            raise ConfigError(f"rule {rule.name!r} takes its options in its spec: drop --mirostat / --penalty-alpha")
+        if rule.needs_sampling and not config.do_sample:
+            raise ConfigError(f"rule {rule.name!r} samples: give it a --temperature > 0")
+        return rule
     if mirostat:
         if penalty_alpha:
             raise ConfigError("choose one of --mirostat and --penalty-alpha (contrastive search)")
