@@ -1,6 +1,7 @@
 """PG-TD, Planning-Guided Transformer Decoding (Zhang et al. 2023): Monte Carlo tree search over the
 target's top-k next tokens, with greedy rollouts that complete programs and a reward on each program
-(the fraction of the task's public tests it passes, run in the sandbox).
+(the fraction of the task's public tests it passes, run in the sandbox: `warpdecode eval --task humaneval
+--method pg_td --scorer public_tests`; from Python any `Scorer`, or a function of the program's text).
 
 Each iteration descends from the root by P-UCB, `Q(child) + c * P(child) * sqrt(N(parent)) / (1 +
 N(child))`, with `Q` the best reward found under the child and `P` the target's probability of its token,
@@ -34,7 +35,7 @@ from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
 from warpdecode.decoding.search.rows import prefill_rows
-from warpdecode.decoding.search.scorers import regex_scorer
+from warpdecode.decoding.search.scorers import ProgramScorer, Scorer, regex_scorer
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
@@ -103,13 +104,22 @@ class _Rollouts:
             seq.append(self.top[tuple(seq)][0][0])
         return seq, finish
 
+    def logprob(self, tokens: list[int]) -> float:
+        """The target's log-probability of a program: each of its tokens is among the recorded top-k after
+        the ones before it (a rollout's are the top-1; a cut program's last ones may be unrecorded: 0)."""
+        total = 0.0
+        for i, token in enumerate(tokens):
+            ids, probs = self.top.get(tuple(tokens[:i]), ((), ()))
+            total += math.log(probs[ids.index(token)]) if token in ids else 0.0
+        return total
+
 
 @register("search", "pg_td")
 class PGTD(SearchStrategy):
     composes_with_speculation = False  # rollouts are greedy: a lossless drafter could run them (not built yet)
 
     def __init__(self, k: int = 3, max_rollouts: int = 16, max_tokens: int = 4096, c: float = 4.0,
-                 reward: Reward | None = None, pattern: str | None = None, stop: tuple[str, ...] = (),
+                 reward: Reward | Scorer | None = None, pattern: str | None = None, stop: tuple[str, ...] = (),
                  stop_reward: float = 1.0, num_return_sequences: int = 1) -> None:
         for option, value in (("k", k), ("max_rollouts", max_rollouts), ("max_tokens", max_tokens),
                               ("num_return_sequences", num_return_sequences)):
@@ -119,10 +129,12 @@ class PGTD(SearchStrategy):
             raise ConfigError(f"pg_td option c must be a finite number >= 0, got {c}")
         if reward is not None and pattern is not None:
             raise ConfigError("pg_td takes one of reward (a function of the program text) and pattern (a regex)")
-        if pattern is not None:
-            reward = regex_scorer(pattern).function
+        self.scorer: Scorer | None = (regex_scorer(pattern) if pattern is not None else
+                                      reward if reward is None or isinstance(reward, Scorer) else ProgramScorer(reward))
+        """The reward of a complete program: `score(prompt, [candidate])`, in [0, 1] (`warpdecode eval
+        --scorer public_tests` sets the fraction of each problem's public tests passed)."""
         self.k, self.max_rollouts, self.max_tokens, self.c = k, max_rollouts, max_tokens, c
-        self.reward, self.stop, self.stop_reward = reward, tuple(stop), stop_reward
+        self.stop, self.stop_reward = tuple(stop), stop_reward
         self.num_return_sequences = num_return_sequences
 
     def _select(self, node: _Node) -> _Node:
@@ -134,7 +146,7 @@ class PGTD(SearchStrategy):
     @torch.inference_mode()
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
                max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
-        if self.reward is None:
+        if self.scorer is None:
             raise CapabilityError("pg_td needs a reward: pattern=REGEX, or from Python reward=FUNCTION(program text) "
                                   "-> [0, 1] (e.g. the fraction of a task's public tests passed)")
         if sampler.config.do_sample:
@@ -145,8 +157,9 @@ class PGTD(SearchStrategy):
                              max_tokens=self.max_tokens, stop_ids=stop_ids, stop=self.stop, stats=stats)
         stats.time_to_first_token = time.perf_counter() - start
         root = _Node((), 1.0)
-        programs: dict[tuple[int, ...], tuple[float, FinishReason]] = {}  # in the order found
+        programs: dict[tuple[int, ...], Candidate] = {}  # in the order found
         rewards: dict[str, float] = {}
+        scorer = self.scorer
         for _ in range(self.max_rollouts):
             path = [root]
             while path[-1].children:
@@ -156,19 +169,20 @@ class PGTD(SearchStrategy):
             if leaf.children is None and rollouts.finish(list(leaf.tokens)) is None and leaf.tokens in rollouts.top:
                 ids, probs = rollouts.top[leaf.tokens]
                 leaf.children = [_Node(leaf.tokens + (t,), p) for t, p in zip(ids, probs, strict=True)]
-            text = tokenizer.decode(tokens) if tokenizer is not None else ""
-            if text not in rewards:
-                rewards[text] = float(self.reward(text))
-            reward = rewards[text]
-            programs.setdefault(tuple(tokens), (reward, finish))
+            program = Candidate(tokens, finish, logprob=rollouts.logprob(tokens),
+                                text=tokenizer.decode(tokens) if tokenizer is not None else "")
+            key = program.text if tokenizer is not None else str(tokens)
+            if key not in rewards:
+                rewards[key] = float(scorer.score(prompt, [program])[0])
+            reward = program.score = rewards[key]
+            programs.setdefault(tuple(tokens), program)
             for node in path:
                 node.visits += 1
                 node.value = max(node.value, reward)
             if reward >= self.stop_reward or stats.search_tokens >= self.max_tokens:
                 break
-        ranked = sorted(programs.items(), key=lambda item: -item[1][0])  # stable: ties in the order found
-        candidates = [Candidate(list(t), finish, score=reward, text=tokenizer.decode(t) if tokenizer is not None else "")
-                      for t, (reward, finish) in ranked[: self.num_return_sequences]]
+        ranked = sorted(programs.values(), key=lambda c: -(c.score or 0.0))  # stable: ties in the order found
+        candidates = ranked[: self.num_return_sequences]
         stats.new_tokens = len(candidates[0].token_ids)
         stats.seconds = time.perf_counter() - start
         stats.target_seconds = stats.seconds - stats.time_to_first_token
