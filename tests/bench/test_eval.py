@@ -172,3 +172,12 @@ def test_eval_ranks_a_search_with_the_tasks_scorer(datasets, tiny_model_dir, tmp
     with pytest.raises(ConfigError, match="--scorer ranks a search"):
         commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=4, limit=1, threads=1,
                       scorer="public_tests")
+
+
+def test_eval_runs_pg_td_with_the_public_tests_as_its_reward(datasets, tiny_model_dir, tmp_path):
+    out = tmp_path / "pg_td.json"
+    commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=6, limit=2, output=out, threads=1,
+                  method="pg_td:k=2:max_rollouts=3:max_tokens=12", scorer="public_tests")
+    result = json.loads(out.read_text())
+    samples = [s for p in result["problems"] for s in p["samples"]]
+    assert len(samples) == 2 and all(0 < s["new_tokens"] <= 12 for s in samples)  # the rollouts' tokens

@@ -213,3 +213,25 @@ def test_bad_options_are_one_line_errors():
         generate(model, None, PROMPT, max_new_tokens=4, search=PGTD())
     with pytest.raises(CapabilityError, match="rolls out greedily"):
         generate(model, None, PROMPT, max_new_tokens=4, search=PGTD(pattern="a"), do_sample=True)
+
+
+def test_pg_td_rollouts_end_at_stop_strings():
+    model = greedy_target()
+    greedy_tokens = naive_greedy(model, PROMPT, 16)
+    out = PGTD(max_rollouts=1, reward=lambda text: 0.0, stop=("32",)).search(model, Ids(), PROMPT, greedy(),
+                                                                           max_new_tokens=16, stop_ids=STOP)
+    (program,) = out.candidates
+    assert program.token_ids == greedy_tokens[: greedy_tokens.index(32) + 1] and program.finish_reason == "stop"
+
+
+def test_astar_from_generate_splits_steps_at_newlines(tiny_model_dir):
+    from warpdecode.decoding.search.astar import newline_ids
+    from warpdecode.models.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    ends = newline_ids(tokenizer)
+    assert ends and all("\n" in tokenizer.decode([i], skip_special_tokens=False) for i in ends)
+    search = registry.build("search", "astar", n=2, max_tokens=30, max_step_tokens=50)
+    out = generate(model, tokenizer, "for i in range(10):\n", max_new_tokens=12, do_sample=True, seed=0,
+                   search=search, chat=False)
+    assert out.stats.search_tokens <= 30 and out.text == out.sequences[0].text

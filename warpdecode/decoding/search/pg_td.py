@@ -1,7 +1,10 @@
 """PG-TD, Planning-Guided Transformer Decoding (Zhang et al. 2023): Monte Carlo tree search over the
-target's top-k next tokens, with greedy rollouts that complete programs and a reward on each program
-(the fraction of the task's public tests it passes, run in the sandbox: `warpdecode eval --task humaneval
---method pg_td --scorer public_tests`; from Python any `Scorer`, or a function of the program's text).
+target's top-k next tokens, with greedy rollouts that complete programs and a reward on each program.
+
+The reward is a `Scorer` of the finished program in [0, 1]: in `warpdecode eval --task humaneval --method
+pg_td --scorer public_tests`, the fraction of the problem's public tests (its docstring's examples) the
+program passes in the sandbox; from Python any `Scorer` or a function of the program's text; from
+`generate --method`, `pattern=REGEX` (1 when the text matches).
 
 Each iteration descends from the root by P-UCB, `Q(child) + c * P(child) * sqrt(N(parent)) / (1 +
 N(child))`, with `Q` the best reward found under the child and `P` the target's probability of its token,
