@@ -21,6 +21,7 @@ from warpdecode.models.tokenizer import Tokenizer
 @register("search", "best_of_n")
 class BestOfN(SearchStrategy):
     needs_sampling = True
+    takes_stop_strings = True
     composes_with_speculation = False  # each row could draft and verify losslessly: not built yet
 
     def __init__(self, n: int = 4, scorer: ScorerName | Scorer = "logprob", pattern: str | None = None) -> None:
@@ -30,9 +31,9 @@ class BestOfN(SearchStrategy):
         self.scorer = scorer if isinstance(scorer, Scorer) else named_scorer(scorer, pattern)
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
-               max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
+               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = ()) -> SearchResult:
         result = sample_rows(model, tokenizer, prompt, sampler, self.n, max_new_tokens=max_new_tokens,
-                             stop_ids=stop_ids)
+                             stop_ids=stop_ids, stop_strings=stop_strings)
         scores = self.scorer.score(prompt, result.candidates)
         for candidate, score in zip(result.candidates, scores, strict=True):
             candidate.score = score

@@ -56,7 +56,7 @@ def strategy_from_flags(search: SearchStrategy | None, *, do_sample: bool, num_b
 
 def generate_search(model: Backbone, tokenizer: Tokenizer | None, ids: list[int], strategy: SearchStrategy,
                     sampler: Sampler, *, max_new_tokens: int, budget: int, stop_ids: set[int], drafter: str,
-                    streamer: Callable[[str], None] | None) -> GenerateOutput:
+                    streamer: Callable[[str], None] | None, stop_strings: tuple[str, ...] = ()) -> GenerateOutput:
     """Run `strategy` on the prompt `ids` and return its best candidate as the output, all of them in
     `sequences`. `budget` is `max_new_tokens` cut to the context; `drafter` the method asked for
     (refused unless the strategy composes with speculation); `streamer` gets the best text once, at the end."""
@@ -65,7 +65,14 @@ def generate_search(model: Backbone, tokenizer: Tokenizer | None, ids: list[int]
                               "drop --method or the search flags")
     if strategy.needs_sampling and not sampler.config.do_sample:
         raise CapabilityError(f"search {strategy.name!r} draws samples: give --temperature > 0 (do_sample=True)")
-    result = strategy.search(model, tokenizer, ids, sampler, max_new_tokens=budget, stop_ids=stop_ids)
+    if stop_strings and not strategy.takes_stop_strings:
+        raise CapabilityError(f"search {strategy.name!r} takes no stop strings (best_of_n, first_finish and "
+                              "sampled num_return_sequences do)")
+    if stop_strings:
+        result = strategy.search(model, tokenizer, ids, sampler, max_new_tokens=budget, stop_ids=stop_ids,
+                                 stop_strings=stop_strings)  # type: ignore[call-arg]
+    else:
+        result = strategy.search(model, tokenizer, ids, sampler, max_new_tokens=budget, stop_ids=stop_ids)
     for candidate in result.candidates:
         if candidate.finish_reason == "length" and budget < max_new_tokens:
             candidate.finish_reason = "context"
