@@ -336,11 +336,9 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
     results, passed = [], 0
     for j, problem in enumerate(problems):
         strategy = search
-        if search is not None and (config.scorer is not None or stop != task.stop):
+        if search is not None and config.scorer is not None:
             strategy = copy(search)
-            strategy.stop = task.stop  # read by the strategies that end candidates at stop strings (PG-TD)
-            if config.scorer is not None:
-                strategy.scorer = task.scorer(problem, config.scorer)  # type: ignore[attr-defined]
+            strategy.scorer = task.scorer(problem, config.scorer)  # type: ignore[attr-defined]
         outputs = []
         for i in range(n):
             seed = config.seed + j * n + i if sampling else None

@@ -218,10 +218,12 @@ def test_bad_options_are_one_line_errors():
 def test_pg_td_rollouts_end_at_stop_strings():
     model = greedy_target()
     greedy_tokens = naive_greedy(model, PROMPT, 16)
-    out = PGTD(max_rollouts=1, reward=lambda text: 0.0, stop=("32",)).search(model, Ids(), PROMPT, greedy(),
-                                                                           max_new_tokens=16, stop_ids=STOP)
+    texts = []
+    out = PGTD(max_rollouts=1, reward=lambda text: texts.append(text) or 0.0).search(
+        model, Ids(), PROMPT, greedy(), max_new_tokens=16, stop_ids=STOP, stop_strings=("32",))
     (program,) = out.candidates
     assert program.token_ids == greedy_tokens[: greedy_tokens.index(32) + 1] and program.finish_reason == "stop"
+    assert texts == [program.text] and "32" not in program.text  # the text ends before the stop string
 
 
 def test_astar_from_generate_splits_steps_at_newlines(tiny_model_dir):

@@ -37,7 +37,7 @@ from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rows import prefill_rows
+from warpdecode.decoding.search.rows import prefill_rows, with_text
 from warpdecode.decoding.search.scorers import ProgramScorer, Scorer, regex_scorer
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
@@ -119,11 +119,12 @@ class _Rollouts:
 
 @register("search", "pg_td")
 class PGTD(SearchStrategy):
+    takes_stop_strings = True  # a rollout's program ends at one (eval passes HumanEval's stop sequences)
     composes_with_speculation = False  # rollouts are greedy: a lossless drafter could run them (not built yet)
 
     def __init__(self, k: int = 3, max_rollouts: int = 16, max_tokens: int = 4096, c: float = 4.0,
-                 reward: Reward | Scorer | None = None, pattern: str | None = None, stop: tuple[str, ...] = (),
-                 stop_reward: float = 1.0, num_return_sequences: int = 1) -> None:
+                 reward: Reward | Scorer | None = None, pattern: str | None = None, stop_reward: float = 1.0,
+                 num_return_sequences: int = 1) -> None:
         for option, value in (("k", k), ("max_rollouts", max_rollouts), ("max_tokens", max_tokens),
                               ("num_return_sequences", num_return_sequences)):
             if value < 1:
@@ -137,7 +138,7 @@ class PGTD(SearchStrategy):
         """The reward of a complete program: `score(prompt, [candidate])`, in [0, 1] (`warpdecode eval
         --scorer public_tests` sets the fraction of each problem's public tests passed)."""
         self.k, self.max_rollouts, self.max_tokens, self.c = k, max_rollouts, max_tokens, c
-        self.stop, self.stop_reward = tuple(stop), stop_reward
+        self.stop_reward = stop_reward
         self.num_return_sequences = num_return_sequences
 
     def _select(self, node: _Node) -> _Node:
@@ -148,7 +149,7 @@ class PGTD(SearchStrategy):
 
     @torch.inference_mode()
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
-               max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
+               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = ()) -> SearchResult:
         if self.scorer is None:
             raise CapabilityError("pg_td needs a reward: pattern=REGEX, or from Python reward=FUNCTION(program text) "
                                   "-> [0, 1] (e.g. the fraction of a task's public tests passed)")
@@ -157,7 +158,7 @@ class PGTD(SearchStrategy):
         start = time.perf_counter()
         stats = DecodeStats(prompt_tokens=len(prompt))
         rollouts = _Rollouts(model, tokenizer, prompt, self.k, max_new_tokens=max_new_tokens,
-                             max_tokens=self.max_tokens, stop_ids=stop_ids, stop=self.stop, stats=stats)
+                             max_tokens=self.max_tokens, stop_ids=stop_ids, stop=stop_strings, stats=stats)
         stats.time_to_first_token = time.perf_counter() - start
         root = _Node((), 1.0)
         programs: dict[tuple[int, ...], Candidate] = {}  # in the order found
@@ -172,8 +173,8 @@ class PGTD(SearchStrategy):
             if leaf.children is None and rollouts.finish(list(leaf.tokens)) is None and leaf.tokens in rollouts.top:
                 ids, probs = rollouts.top[leaf.tokens]
                 leaf.children = [_Node(leaf.tokens + (t,), p) for t, p in zip(ids, probs, strict=True)]
-            program = Candidate(tokens, finish, logprob=rollouts.logprob(tokens),
-                                text=tokenizer.decode(tokens) if tokenizer is not None else "")
+            (program,) = with_text([Candidate(tokens, finish, logprob=rollouts.logprob(tokens))], tokenizer,
+                                   stop_strings)
             key = program.text if tokenizer is not None else str(tokens)
             if key not in rewards:
                 rewards[key] = float(scorer.score(prompt, [program])[0])

@@ -40,9 +40,6 @@ class SearchStrategy(Protocol):
     """Whether the strategy can run its rows with a drafter (speculative decoding) and keep its output;
     none does in this version: `generate` refuses a drafter together with a search."""
     num_return_sequences: int
-    stop: tuple[str, ...] = ()
-    """Stop strings that end a candidate (a finished program): PG-TD's rollouts stop at them; the other
-    strategies run to a stop token or the budget. `warpdecode eval` sets the task's (HumanEval's)."""
     """How many candidates `search` returns."""
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
