@@ -75,7 +75,7 @@ class _Rollouts:
 
     def _record(self, prefix: tuple[int, ...], logits: Tensor) -> None:
         """logits: (V,) after `prefix`."""
-        probs, tokens = torch.softmax(logits.float(), -1).topk(self.k)
+        probs, tokens = torch.softmax(logits.float(), -1).topk(min(self.k, logits.shape[-1]))
         self.top[prefix] = (tokens.tolist(), probs.tolist())
 
     def finish(self, tokens: list[int]) -> FinishReason | None:
