@@ -7,7 +7,8 @@ A `Scorer` maps a prompt and its candidates to one number each, higher is better
 * a program: `ProgramScorer` over the candidate's text: any callable, a regular expression
   (`regex_scorer`: 1 when it matches), or the length (`length_scorer`: shorter is better).
 
-A trained reward head or a second model fits the same protocol (score the token ids); none ships yet.
+Reward-guided searches (DeAL, Transfer Q*) add programmatic rewards here (`keyword_scorer`,
+`LengthTargetScorer`) and learned ones in `rewards.py` (a reward head, a second model).
 """
 
 from __future__ import annotations
