@@ -1,8 +1,9 @@
 """Reward-guided search and superposed decoding measured on Spec-Bench prompts (docs/notes/guided-search.md).
 
-`deal`: greedy vs DeAL (a keyword reward) vs best-of-N with the same reward at about DeAL's tokens (n =
-DeAL's mean search tokens / greedy's mean tokens, sampled at `--temperature`): the mean reward (fraction of
-the keywords in the answer), tokens spent, target forwards, seconds.
+`deal`: greedy vs DeAL (a keyword reward, or a length target) vs best-of-N with the same reward at about DeAL's tokens (n =
+DeAL's search tokens / greedy's tokens on the prompt, sampled at `--temperature`): the mean reward (fraction
+of the keywords in the answer, or minus the relative distance to the length target), tokens spent, target
+forwards, seconds.
 
 `superposed`: superposed decoding (k drafts, one forward per step) vs k samples (one batch of k rows,
 nucleus sampling) vs greedy, interleaved per prompt: distinct-1/2 and self-BLEU of the k texts (words), the
@@ -31,7 +32,7 @@ from warpdecode.decoding import registry
 from warpdecode.decoding.generate import encode_prompt, generate
 from warpdecode.decoding.outputs import Candidate
 from warpdecode.decoding.search.rewards import ModelScorer
-from warpdecode.decoding.search.scorers import keyword_scorer
+from warpdecode.decoding.search.scorers import LengthTargetScorer, Scorer, keyword_scorer
 from warpdecode.metrics.open_ended import DistinctN, SelfBLEU, WordIds
 from warpdecode.models.checkpoint import load_pretrained
 from warpdecode.models.named import DEFAULT_MODEL
@@ -48,29 +49,44 @@ def row(name: str, values: dict[str, list[float]]) -> str:
     return f"{name:>12}: " + "  ".join(f"{k} {statistics.mean(v):8.3f}" for k, v in values.items())
 
 
+def prompt_keyword(prompt: str, answer: str) -> str | None:
+    """The first word of 6+ letters of the prompt that the answer lacks (a "mention X" constraint)."""
+    words = [w.strip(".,;:?!()\"'").lower() for w in prompt.split()]
+    return next((w for w in words if len(w) >= 6 and w.isalpha() and w not in answer.lower()), None)
+
+
 def deal(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
-    reward = keyword_scorer(args.keywords.split(","))
     prompts = spec_prompts(args.prompts)
     runs: dict[str, dict[str, list[float]]] = {}
 
-    def record(name: str, out: Any) -> None:
+    def record(name: str, out: Any, reward: Scorer) -> None:
         r = reward.score([], [Candidate(out.token_ids, out.finish_reason, text=out.text)])[0]
         spent = out.stats.search_tokens or out.stats.new_tokens
         for key, value in (("reward", r), ("tokens", spent), ("forwards", out.stats.target_forwards),
                            ("seconds", out.stats.seconds)):
             runs.setdefault(name, {}).setdefault(key, []).append(value)
 
-    search = registry.build("search", "deal", num_beams=args.num_beams, top_k=args.top_k, lookahead=args.lookahead,
-                            reward_weight=args.reward_weight, keywords=args.keywords)
     for i, p in enumerate(prompts):
-        record("greedy", generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens))
-        record("deal", generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens, search=search))
+        greedy = generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens)
+        keywords = prompt_keyword(p.text, greedy.text) if args.keywords == "from-prompt" else args.keywords
+        if keywords is None:
+            continue
+        reward: Scorer = keyword_scorer(keywords.split(","))
+        options: dict[str, Any] = {"keywords": keywords}
+        if args.target_length:
+            reward = LengthTargetScorer(args.target_length)
+            options = {"reward": "length", "target_length": args.target_length}
+        record("greedy", greedy, reward)
+        search = registry.build("search", "deal", num_beams=args.num_beams, top_k=args.top_k,
+                                lookahead=args.lookahead, reward_weight=args.reward_weight, **options)
+        record("deal", generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens,
+                                search=search), reward)
         n = max(1, round(runs["deal"]["tokens"][-1] / max(1, runs["greedy"]["tokens"][-1])))
         bon = registry.build("search", "best_of_n", n=n, scorer=reward)
         record("best_of_n", generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens,
-                                     do_sample=True, temperature=args.temperature, seed=i, search=bon))
-        print(f"p{i} n={n} " + "  ".join(f"{k} r={v['reward'][-1]:.2f} t={v['tokens'][-1]}" for k, v in runs.items()),
-              flush=True)
+                                     do_sample=True, temperature=args.temperature, seed=i, search=bon), reward)
+        print(f"p{i} {keywords} n={n} " + "  ".join(f"{k} r={v['reward'][-1]:.2f} t={v['tokens'][-1]}"
+                                                   for k, v in runs.items()), flush=True)
     for name, values in runs.items():
         print(row(name, values))
 
@@ -142,7 +158,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--keywords", default="example,important", help="deal: the reward's keywords")
+    parser.add_argument("--keywords", default="example,important",
+                        help="deal: the reward's keywords, or from-prompt: per prompt, a word of it greedy's answer lacks")
+    parser.add_argument("--target-length", type=int, default=0, help="deal: a length reward (new tokens) instead")
     parser.add_argument("--num-beams", type=int, default=2)
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--lookahead", type=int, default=2)
