@@ -11,7 +11,8 @@ mean target log-probability per token of the candidates (read once, cache-free),
 processed (rows x steps), forwards and wall time.
 
 `transfer_q`: greedy vs Transfer Q* with a second model as Q (same tokenizer): the second model's mean
-log-probability per token of each answer (what Q* steers towards), tokens, forwards, seconds.
+log-probability per token of each answer (what Q* steers towards), tokens, forwards, seconds; with
+`--q-model keywords`, Q is the keyword reward of a prompt word greedy's answer lacks.
 
     python scripts/bench_guided_search.py deal --prompts 8 --max-new-tokens 48 --keywords example,important
     python scripts/bench_guided_search.py superposed --k 3 --prompts 8 --max-new-tokens 32
@@ -131,22 +132,34 @@ def superposed(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
 
 
 def transfer_q(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
-    second, _ = load_pretrained(args.q_model)
-    judge = ModelScorer(second, mean=True)
+    """With `--q-model keywords`, Q is the keyword reward of a prompt word greedy's answer lacks (reward: is
+    it in the answer); else Q is the second model's log-probability (reward: its mean per token)."""
     prompts = spec_prompts(args.prompts)
     runs: dict[str, dict[str, list[float]]] = {}
-    search = registry.build("search", "transfer_q", top_k=args.top_k, alpha=args.alpha, rollout=args.rollout,
-                            reward=ModelScorer(second))
+    second = None if args.q_model == "keywords" else load_pretrained(
+        args.q_model, dtype=torch.bfloat16 if args.q_bf16 else torch.float32)[0]
     for i, p in enumerate(prompts):
         ids = encode_prompt(tokenizer, p.text, chat=p.chat)
-        for name, options in (("greedy", {}), ("transfer_q", {"search": search})):
-            out = generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens, **options)
-            q = judge.score(ids, [Candidate(out.token_ids, out.finish_reason)])[0]
+        greedy = generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens)
+        if second is None:
+            word = prompt_keyword(p.text, greedy.text)
+            if word is None:
+                continue
+            judge: Scorer = keyword_scorer([word])
+            search = registry.build("search", "transfer_q", top_k=args.top_k, alpha=args.alpha, rollout=args.rollout,
+                                    reward="keywords", keywords=word)
+        else:
+            judge = ModelScorer(second, mean=True)
+            search = registry.build("search", "transfer_q", top_k=args.top_k, alpha=args.alpha, rollout=args.rollout,
+                                    reward=ModelScorer(second))
+        guided = generate(model, tokenizer, p.text, chat=p.chat, max_new_tokens=args.max_new_tokens, search=search)
+        for name, out in (("greedy", greedy), ("transfer_q", guided)):
+            r = judge.score(ids, [Candidate(out.token_ids, out.finish_reason, text=out.text)])[0]
             spent = out.stats.search_tokens or out.stats.new_tokens
-            for key, value in (("q-logprob/tok", q), ("tokens", spent), ("forwards", out.stats.target_forwards),
+            for key, value in (("reward", r), ("tokens", spent), ("forwards", out.stats.target_forwards),
                                ("seconds", out.stats.seconds)):
                 runs.setdefault(name, {}).setdefault(key, []).append(value)
-        print(f"p{i} " + "  ".join(f"{n} q={v['q-logprob/tok'][-1]:.3f}" for n, v in runs.items()), flush=True)
+        print(f"p{i} " + "  ".join(f"{n} r={v['reward'][-1]:.3f}" for n, v in runs.items()), flush=True)
     for name, values in runs.items():
         print(row(name, values))
 
@@ -170,7 +183,8 @@ def main() -> None:
     parser.add_argument("--ngram", type=int, default=3)
     parser.add_argument("--ngram-weight", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=0.9, help="superposed: the samples' nucleus")
-    parser.add_argument("--q-model", default="qwen2.5-coder-1.5b-instruct", help="transfer_q: the model Q reads")
+    parser.add_argument("--q-model", default="qwen2.5-coder-1.5b-instruct", help="transfer_q: the model Q reads, or keywords")
+    parser.add_argument("--q-bf16", action="store_true", help="transfer_q: load the Q model in bf16 (half the memory)")
     parser.add_argument("--alpha", type=float, default=1.0)
     parser.add_argument("--rollout", type=int, default=2)
     args = parser.parse_args()
