@@ -233,6 +233,8 @@ def test_refusals_at_search_time():
     with pytest.raises(ConfigError, match="tokens"):
         small = random_model(seed=1, std=0.3, vocab_size=32, n_layer=1, n_head=2, d_model=16, d_ff=32, max_seq_len=64)
         ModelScorer(small).score(PROMPT, [Candidate([40], "length")])
+    with pytest.raises(ConfigError, match="named reward"):
+        DeAL(reward=HasToken(1), keywords="a")
     assert not any(registry.get("search", n).composes_with_speculation for n in ("deal", "transfer_q", "superposed"))
 
 

@@ -26,10 +26,10 @@ from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rewards import RewardName, RewardSpec
+from warpdecode.decoding.search.rewards import RewardName, reward_option, reward_scorer
 from warpdecode.decoding.search.rollouts import Lookahead
 from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, process_logprobs, with_text
-from warpdecode.decoding.search.scorers import ProgramScorer, Scorer
+from warpdecode.decoding.search.scorers import Scorer
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
@@ -67,15 +67,7 @@ class DeAL(SearchStrategy):
             raise ConfigError(f"deal needs a finite reward_weight, got {reward_weight}")
         self.num_beams, self.top_k, self.lookahead, self.reward_weight = num_beams, top_k, lookahead, reward_weight
         self.num_return_sequences = num_return_sequences
-        self.reward: Scorer | RewardSpec
-        if isinstance(reward, Scorer):
-            if (keywords, target_length, pattern, path) != (None, None, None, None):
-                raise ConfigError("deal takes keywords / target_length / pattern / path with a named reward only")
-            self.reward = reward
-        elif reward_weight == 0 and (keywords, target_length, pattern, path) == (None, None, None, None):
-            self.reward = RewardSpec("length", target_length=1)  # never read: weight 0 needs no reward
-        else:
-            self.reward = RewardSpec(reward, keywords, target_length, pattern, path)
+        self.reward = reward_option(reward, keywords, target_length, pattern, path, used=reward_weight != 0)
 
     def _rewards(self, scorer: Scorer, prompt: list[int], tokenizer: Tokenizer | None, sequences: list[list[int]],
                  stop_ids: set[int]) -> list[float]:
@@ -88,10 +80,7 @@ class DeAL(SearchStrategy):
         if sampler.config.do_sample:
             raise CapabilityError("deal is deterministic: it takes no sampling")
         K, P, budget, weighted = self.num_beams, len(prompt), max_new_tokens, self.reward_weight != 0
-        if isinstance(self.reward, RewardSpec):
-            scorer = self.reward.build(model) if weighted else ProgramScorer(lambda text: 0.0)
-        else:
-            scorer = self.reward
+        scorer = reward_scorer(self.reward if weighted else None, model)
         start = time.perf_counter()
         stats = DecodeStats(prompt_tokens=P)
         cache, first = prefill_rows(model, prompt, K, P + budget)

@@ -23,7 +23,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from warpdecode.decoding.outputs import Candidate
-from warpdecode.decoding.search.scorers import LengthTargetScorer, Scorer, keyword_scorer, regex_scorer
+from warpdecode.decoding.search.scorers import (
+    LengthTargetScorer,
+    ProgramScorer,
+    Scorer,
+    keyword_scorer,
+    regex_scorer,
+)
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
@@ -216,3 +222,25 @@ class RewardSpec:
             raise ConfigError(f"reward model {self.path!r} has {second.config.vocab_size} tokens, the target "
                               f"{model.config.vocab_size}: it needs the target's tokenizer")
         return ModelScorer(second)  # summed: the prefix every candidate shares cancels in a comparison
+
+
+def reward_option(reward: RewardName | Scorer, keywords: str | None, target_length: int | None, pattern: str | None,
+                  path: str | None, *, used: bool) -> Scorer | RewardSpec | None:
+    """A reward-guided search's reward options, checked: a `Scorer` as given (it takes no other option), a
+    `RewardSpec`, or None when the reward is unused (weight 0) and none is named."""
+    options = (keywords, target_length, pattern, path)
+    if isinstance(reward, Scorer):
+        if options != (None, None, None, None):
+            raise ConfigError("keywords / target_length / pattern / path go with a named reward, not a Scorer")
+        return reward
+    if not used and options == (None, None, None, None):
+        return None
+    return RewardSpec(reward, keywords, target_length, pattern, path)
+
+
+def reward_scorer(reward: Scorer | RewardSpec | None, model: Backbone) -> Scorer:
+    """The scorer a search reads: a spec built against the target (a head reads its hidden states), a zero
+    reward for None."""
+    if reward is None:
+        return ProgramScorer(lambda text: 0.0)
+    return reward.build(model) if isinstance(reward, RewardSpec) else reward

@@ -25,10 +25,10 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rewards import RewardName, RewardSpec
+from warpdecode.decoding.search.rewards import RewardName, reward_option, reward_scorer
 from warpdecode.decoding.search.rollouts import Lookahead
 from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, with_text
-from warpdecode.decoding.search.scorers import ProgramScorer, Scorer
+from warpdecode.decoding.search.scorers import Scorer
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
@@ -47,24 +47,16 @@ class TransferQ(SearchStrategy):
         if not math.isfinite(alpha):
             raise ConfigError(f"transfer_q needs a finite alpha, got {alpha}")
         self.top_k, self.alpha, self.rollout = top_k, alpha, rollout
-        self.reward: Scorer | RewardSpec
-        if isinstance(reward, Scorer):
-            self.reward = reward
-        elif reward == "model" and path is None and alpha != 0:
+        if reward == "model" and path is None and alpha != 0:
             raise ConfigError("transfer_q needs the model that stands in for the aligned one: "
                               "path=NAME_OR_DIR (a model with the target's tokenizer), or another reward=")
-        else:
-            self.reward = RewardSpec(reward, keywords, target_length, pattern, path) if alpha else RewardSpec(
-                "length", target_length=1)  # α=0 reads no reward
+        self.reward = reward_option(reward, keywords, target_length, pattern, path, used=alpha != 0)
 
     @torch.inference_mode()
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
                max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
         P, budget, weighted = len(prompt), max_new_tokens, self.alpha != 0
-        if isinstance(self.reward, RewardSpec):
-            scorer = self.reward.build(model) if weighted else ProgramScorer(lambda text: 0.0)
-        else:
-            scorer = self.reward
+        scorer = reward_scorer(self.reward if weighted else None, model)
         start = time.perf_counter()
         stats = DecodeStats(prompt_tokens=P)
         cache, logits = prefill_rows(model, prompt, 1, P + budget)
