@@ -128,9 +128,9 @@ def test_transfer_q_with_rollouts_and_sampling_is_seeded():
     assert runs[0].stats.target_forwards == 7 + 2 * 6 + 1
 
 
-def reference_superposed(model, prompt, k, n, beta, stop):
+def reference_superposed(model, prompt, k, n, beta, stop, corpus=()):
     """Cache-free superposed decoding: every step re-runs the prompt embeddings and every superposed input."""
-    table = NGramModel(prompt, 3, model.config.vocab_size)
+    table = NGramModel(list(corpus) + prompt, 3, model.config.vocab_size)
     embed = model.embed.weight
     inputs = [embed[t] for t in prompt]
     top = logprobs(model, prompt)[-1].topk(k)
@@ -158,6 +158,24 @@ def test_superposed_matches_a_cache_free_reference(k, beta, stop):
     assert [c.token_ids for c in out.candidates] == reference_superposed(model, PROMPT, k, 8, beta, stop)
     assert len({tuple(c.token_ids) for c in out.candidates}) == k
     assert out.stats.search_tokens == out.stats.target_forwards + 1 <= 8  # one position per step for all k drafts
+
+
+def test_superposed_reads_its_n_grams_from_a_corpus(tiny_model_dir, tmp_path):
+    from warpdecode.models.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    prompt = tokenizer.encode("for i in")
+    plain = Superposed(k=3, ngram_weight=3.0).search(model, tokenizer, prompt, GREEDY, max_new_tokens=6, stop_ids=set())
+    last = plain.candidates[-1].token_ids  # a corpus that continues the prompt as the last draft does
+    text = (tokenizer.decode(prompt + last) + "\n") * 5
+    (tmp_path / "corpus.txt").write_text(text)
+    search = Superposed(k=3, ngram_weight=3.0, corpus=str(tmp_path / "corpus.txt"))
+    out = search.search(model, tokenizer, prompt, GREEDY, max_new_tokens=6, stop_ids=set())
+    corpus = tokenizer.encode(text, add_special_tokens=False)
+    assert [c.token_ids for c in out.candidates] == reference_superposed(model, prompt, 3, 6, 3.0, set(), corpus)
+    assert [c.token_ids[:3] for c in out.candidates] == [last[:3]] * 3 != [c.token_ids[:3] for c in plain.candidates]
+    again = search.search(model, tokenizer, prompt, GREEDY, max_new_tokens=6, stop_ids=set())  # the cached corpus
+    assert [c.token_ids for c in again.candidates] == [c.token_ids for c in out.candidates]
 
 
 def test_superposed_with_one_draft_is_greedy():

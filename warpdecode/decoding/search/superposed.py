@@ -82,14 +82,17 @@ class Superposed(SearchStrategy):
             raise ConfigError(f"superposed corpus {corpus!r} is not a file")
         self.k = self.num_return_sequences = k
         self.ngram, self.ngram_weight, self.corpus = ngram, ngram_weight, corpus
+        self._corpus_tokens: tuple[Tokenizer, list[int]] | None = None  # encoded once per tokenizer
 
     def _ngrams(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int]) -> NGramModel:
-        tokens = list(prompt)
-        if self.corpus is not None:
-            if tokenizer is None:
-                raise ConfigError("superposed corpus= needs the model's tokenizer")
-            tokens = tokenizer.encode(Path(self.corpus).read_text(encoding="utf-8", errors="replace")) + tokens
-        return NGramModel(tokens, self.ngram, model.config.vocab_size)
+        if self.corpus is None:
+            return NGramModel(prompt, self.ngram, model.config.vocab_size)
+        if tokenizer is None:
+            raise ConfigError("superposed corpus= needs the model's tokenizer")
+        if self._corpus_tokens is None or self._corpus_tokens[0] is not tokenizer:
+            text = Path(self.corpus).read_text(encoding="utf-8", errors="replace")
+            self._corpus_tokens = (tokenizer, tokenizer.encode(text, add_special_tokens=False))
+        return NGramModel(self._corpus_tokens[1] + prompt, self.ngram, model.config.vocab_size)
 
     @torch.inference_mode()
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
