@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.tokenizer import Tokenizer
 
 Decoded = tuple[list[int], FinishReason, DecodeStats]
 """(new tokens, finish reason, stats), as `engine.run` returns them."""
@@ -29,6 +30,8 @@ class Emitter:
     max_new_tokens: int
     on_tokens: Callable[[list[int]], None] | None = None
     stop_check: Callable[[list[int]], int | None] | None = None
+    tokenizer: Tokenizer | None = None
+    """The request's tokenizer, for a rule that reads token texts (None: the prompt was token ids)."""
     new: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
 
