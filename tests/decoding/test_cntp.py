@@ -119,7 +119,8 @@ def test_max_trials_one_is_plain_inverse_cdf_sampling(tiny):
 
 
 @pytest.mark.parametrize("options", [{"max_trials": 0}, {"entropy_low": 2.0, "entropy_high": 1.0},
-                                     {"entropy_low": -1.0}, {"entropy_high": math.inf}, {"punctuation": " "}])
+                                     {"entropy_low": -1.0}, {"entropy_high": math.inf},
+                                     {"punctuation": " ", "newline": False}])
 def test_refusals(options):
     with pytest.raises(ConfigError):
         registry.build("rule", "cntp", **options)

@@ -10,8 +10,9 @@ trials independently from that step, each until it samples a punctuation token (
 the budget ends), and keeps the trial of lowest perplexity exp(mean -log p(token)) under the
 distributions it was sampled from (the first one on a tie). n = 1 is one ordinary sampled token. The
 defaults are the authors': 10 trials at most, entropy from 0.01 to 1.5 nats, and their ten marks
-`. , \\n ? ! : ; ) ] }`; a punctuation token is one whose text is made of those marks and
-whitespace (a byte-level BPE merges ".\\n", which the authors' single-character ids would miss).
+`. , ? ! : ; ) ] }` and the line break (`newline`); a punctuation token is one whose text is made of
+those marks and whitespace (a byte-level BPE merges ".\\n", which the authors' single-character ids
+would miss).
 
 The trials run as one batch: rows of one KV cache (`prefill_rows`), each step one forward of n rows.
 Row 0 carries the text; rows 1.. are brought up to it (a copy of the positions they lack) only when a
@@ -60,7 +61,8 @@ def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 
 def punctuation_ids(tokenizer: Tokenizer, marks: str) -> frozenset[int]:
-    """Tokens whose text holds at least one of `marks` and nothing but marks and whitespace."""
+    """Tokens whose text holds at least one of `marks` and nothing but marks and whitespace (a "\\n" in
+    `marks` makes line breaks marks)."""
     out = set()
     for i in range(tokenizer.vocab_size):
         text = tokenizer.decode([i])
@@ -83,23 +85,23 @@ class CautiousNextToken(DecodingRule):
     needs_sampling = True
 
     def __init__(self, max_trials: int = 10, entropy_low: float = 0.01, entropy_high: float = 1.5,
-                 punctuation: str = ".,\n?!:;)]}") -> None:
+                 punctuation: str = ".,?!:;)]}", newline: bool = True) -> None:
         if max_trials < 1:
             raise ConfigError(f"cntp max_trials must be >= 1, got {max_trials}")
         if not (0 <= entropy_low < entropy_high and math.isfinite(entropy_high)):
             raise ConfigError(f"cntp needs 0 <= entropy_low < entropy_high (finite), got {entropy_low} and {entropy_high}")
-        if not punctuation or punctuation.isspace():
-            raise ConfigError("cntp punctuation must hold at least one mark that is not whitespace")
-        self.max_trials, self.entropy_low, self.entropy_high, self.punctuation = (
-            max_trials, entropy_low, entropy_high, punctuation)
-        self._marks: tuple[Tokenizer, frozenset[int]] | None = None
+        if not (punctuation and not punctuation.isspace()) and not newline:
+            raise ConfigError("cntp needs marks that end a trial: a punctuation that is not whitespace, or newline")
+        self.max_trials, self.entropy_low, self.entropy_high = max_trials, entropy_low, entropy_high
+        self.marks = "".join(c for c in punctuation if not c.isspace()) + ("\n" if newline else "")
+        self._ids: tuple[Tokenizer, frozenset[int]] | None = None
 
     def _stops(self, tokenizer: Tokenizer | None) -> frozenset[int]:
         if tokenizer is None:
             raise ConfigError("cntp stops its trials at punctuation: it needs a tokenizer (the prompt was token ids)")
-        if self._marks is None or self._marks[0] is not tokenizer:
-            self._marks = (tokenizer, punctuation_ids(tokenizer, self.punctuation))
-        return self._marks[1]
+        if self._ids is None or self._ids[0] is not tokenizer:
+            self._ids = (tokenizer, punctuation_ids(tokenizer, self.marks))
+        return self._ids[1]
 
     @torch.inference_mode()
     def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
