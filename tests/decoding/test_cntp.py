@@ -2,6 +2,7 @@
 that recomputes every trial row from scratch (no cache) and keeps the lowest-perplexity trial, drawing
 the same uniforms (one per row and step, the authors' semantics with explicit randomness)."""
 
+import json
 import math
 
 import pytest
@@ -132,3 +133,21 @@ def test_needs_sampling_and_a_tokenizer(tiny):
         generate(model, tokenizer, [5, 6, 7], max_new_tokens=4, rule=registry.build("rule", "cntp"))
     with pytest.raises(ConfigError, match="tokenizer"):
         generate(model, None, [5, 6, 7], max_new_tokens=4, do_sample=True, rule=registry.build("rule", "cntp"))
+
+
+def test_both_rules_run_from_the_cli(tiny, tiny_model_dir, capsys):
+    from warpdecode.cli import main
+
+    model, tokenizer = tiny
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "print(", "--chat", "false", "--max-new-tokens", "8",
+            "--json"]
+    main([*base, "--method", "momentum:alpha=0.3:top_k=3"])
+    out = json.loads(capsys.readouterr().out)
+    ref = generate(model, tokenizer, "print(", chat=False, max_new_tokens=8,
+                   rule=registry.build("rule", "momentum", alpha=0.3, top_k=3))
+    assert out["token_ids"] == ref.token_ids
+    main([*base, "--method", "cntp:max_trials=4", "--temperature", "0.8", "--seed", "2"])
+    out = json.loads(capsys.readouterr().out)
+    ref = generate(model, tokenizer, "print(", chat=False, max_new_tokens=8, do_sample=True, temperature=0.8, seed=2,
+                   rule=registry.build("rule", "cntp", max_trials=4))
+    assert out["token_ids"] == ref.token_ids
