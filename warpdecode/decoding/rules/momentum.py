@@ -20,17 +20,14 @@ processor: with a greedy-verified speculative method it gives the same tokens (d
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.outputs import DecodeStats
-from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
-from warpdecode.decoding.rules.protocols import Decoded, DecodingRule, Emitter
+from warpdecode.decoding.rules.protocols import Decoded, DecodingRule, Emitter, one_token_per_forward
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
@@ -117,31 +114,14 @@ class MomentumDecoding(DecodingRule):
         self.alpha, self.top_k, self.max_ngram = alpha, top_k, max_ngram
         self.resistance: Resistance = resistance
 
-    @torch.inference_mode()
     def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
-        device = target.embed.weight.device
-        target.pack_for_cpu_inference()
         k = min(self.top_k, target.config.vocab_size)
-        cache = target.new_cache(1, len(prompt_ids) + emit.max_new_tokens)
-        stats = DecodeStats(prompt_tokens=len(prompt_ids))
-        start = time.perf_counter()
-        logits = target(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None)).logits[:, -1]
-        tokens, graph = list(prompt_ids), NgramGraph(self.max_ngram, prompt_ids)
-        while True:
-            logits = sampler.penalize(logits, TokenHistory.single(tokens, len(prompt_ids)))
-            probs, ids = torch.softmax(logits.float(), dim=-1)[0].topk(k)  # (K,), (K,) most likely first
+        graph = NgramGraph(self.max_ngram, prompt_ids)
+
+        def choose(logits: Tensor) -> int:
+            probs, ids = torch.softmax(logits, dim=-1)[0].topk(k)  # (K,), (K,) most likely first
             token = int(ids[momentum_scores(probs, ids, graph, self.alpha, self.resistance).argmax()])
-            tokens.append(token)
             graph.extend([token])
-            if not stats.time_to_first_token:
-                stats.time_to_first_token = time.perf_counter() - start
-            if not emit.push(token):
-                break
-            logits = target(torch.tensor([[token]], device=device), cache=cache).logits[:, -1]
-            stats.target_forwards += 1
-            stats.accepted_per_step.append(0)
-            stats.proposed_per_step.append(0)
-        stats.seconds = time.perf_counter() - start
-        stats.new_tokens = len(emit.new)
-        assert emit.finish is not None
-        return emit.new, emit.finish, stats
+            return token
+
+        return one_token_per_forward(target, prompt_ids, sampler, emit, choose)
