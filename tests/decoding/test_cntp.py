@@ -34,13 +34,23 @@ def test_inverse_cdf_never_picks_a_filtered_token():
     assert inverse_cdf(probs, torch.tensor([0.0, 0.49, 0.5, 0.99, 0.999999])).tolist() == [1, 1, 3, 3, 3]
 
 
-def reference(model, marks, prompt, n_new, *, seed, temperature, low, high, max_trials):
+def context_hook(input_ids, scores):
+    """A caller's processor that reads its row's context: each trial row must get its own."""
+    scores[0, int(input_ids[0, -1])] -= 2.0
+    scores[0, int(input_ids.sum()) % scores.shape[-1]] += 1.5
+    return scores
+
+
+def reference(model, marks, prompt, n_new, *, seed, temperature, low, high, max_trials, hook=None):
     """Tokens, and the trial counts of each step, by full recompute."""
     g = torch.Generator().manual_seed(seed)
 
     def dist(seq):
         with torch.inference_mode():
-            return torch.softmax(model(torch.tensor([seq])).logits[0, -1].float() / temperature, -1)
+            logits = model(torch.tensor([seq])).logits[0, -1:].float()
+            if hook is not None:
+                logits = hook(torch.tensor([seq]), logits.clone())
+            return torch.softmax(logits[0] / temperature, -1)
 
     seq, new, counts = list(prompt), [], []
     while len(new) < n_new:
@@ -73,21 +83,23 @@ def reference(model, marks, prompt, n_new, *, seed, temperature, low, high, max_
     return new[:n_new], counts
 
 
-@pytest.mark.parametrize("seed, temperature, low, high, max_trials", [
-    (0, 1.0, 0.01, 1.5, 10), (1, 0.4, 1.0, 5.0, 4), (2, 0.7, 2.0, 5.5, 6)])
-def test_equals_the_reference(tiny, seed, temperature, low, high, max_trials):
+@pytest.mark.parametrize("seed, temperature, low, high, max_trials, hook", [
+    (0, 1.0, 0.01, 1.5, 10, None), (1, 0.4, 1.0, 5.0, 4, None), (2, 0.7, 2.0, 5.5, 6, None),
+    (3, 0.7, 2.0, 5.5, 6, context_hook)])
+def test_equals_the_reference(tiny, seed, temperature, low, high, max_trials, hook):
     model, tokenizer = tiny
     marks = punctuation_ids(tokenizer, ".,\n?!:;)]}")
     prompt = tokenizer.encode("Write a story about a cat.\n")
     rule = registry.build("rule", "cntp", max_trials=max_trials, entropy_low=low, entropy_high=high)
+    hooks = {"logits_processor": [hook]} if hook is not None else {}
     out = generate(model, tokenizer, prompt, max_new_tokens=30, stop_at_eos=False, do_sample=True,
-                   temperature=temperature, seed=seed, rule=rule)
+                   temperature=temperature, seed=seed, rule=rule, **hooks)
     tokens, counts = reference(model, marks, prompt, 30, seed=seed, temperature=temperature, low=low, high=high,
-                               max_trials=max_trials)
+                               max_trials=max_trials, hook=hook)
     assert out.token_ids == tokens
     assert max(counts) > 1  # trials ran
     again = generate(model, tokenizer, prompt, max_new_tokens=30, stop_at_eos=False, do_sample=True,
-                     temperature=temperature, seed=seed, rule=rule)
+                     temperature=temperature, seed=seed, rule=rule, **hooks)
     assert again.token_ids == out.token_ids
 
 
