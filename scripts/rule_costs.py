@@ -19,6 +19,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", choices=["hooks", "open-ended"], default="hooks")
+    parser.add_argument("--dump", help="write the outputs and timings so far to this JSON after every prompt")
+    parser.add_argument("--from-dump", help="print the table of such a JSON (the prompts it holds) instead of running")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
@@ -93,11 +96,24 @@ def main() -> None:
         if "rule" in options:
             options["rule"] = registry.build("rule", options["rule"])
         calls[name] = lambda ids, o=options: generate(model, tokenizer, ids, max_new_tokens=args.max_new_tokens, **o)
+    if args.from_dump:
+        done = json.loads(Path(args.from_dump).read_text())
+        per_token, outputs = done["per_token"], done["outputs"]
+        prompts = prompts[: len(outputs["greedy"])]
+    else:
+        per_token, outputs = run(calls, prompts, args.rounds, args.dump)
+    report(model, prompts, list(configs), per_token, outputs, open_ended=args.set == "open-ended")
+
+
+def run(calls: dict[str, Callable[[list[int]], Any]], prompts: list[list[int]], rounds: int,
+        dump: str | None) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+    """Seconds per token of every call on every prompt (prompts outer, calls inner, `rounds` times) and
+    the first round's outputs."""
     for call in calls.values():  # warm-up
         call(prompts[0][:8])
-    per_token: dict[str, list[float]] = {name: [] for name in configs}
-    outputs: dict[str, list[list[int]]] = {name: [] for name in configs}
-    for round_ in range(args.rounds):
+    per_token: dict[str, list[float]] = {name: [] for name in calls}
+    outputs: dict[str, list[list[int]]] = {name: [] for name in calls}
+    for round_ in range(rounds):
         for ids in prompts:
             for name, call in calls.items():
                 start = time.perf_counter()
@@ -105,18 +121,25 @@ def main() -> None:
                 per_token[name].append((time.perf_counter() - start) / len(out.token_ids))
                 if round_ == 0:
                     outputs[name].append(out.token_ids)
+            if dump:
+                Path(dump).write_text(json.dumps({"per_token": per_token, "outputs": outputs}))
+    return per_token, outputs
+
+
+def report(model: Any, prompts: list[list[int]], names: list[str], per_token: dict[str, list[float]],
+           outputs: dict[str, list[list[int]]], *, open_ended: bool) -> None:
     base = statistics.median(per_token["greedy"])
-    extra = " self-BLEU-4 | perplexity | tokens |" if args.set == "open-ended" else ""
+    extra = " self-BLEU-4 | perplexity | tokens |" if open_ended else ""
     print("| configuration | ms / token | vs greedy | distinct-2 | distinct-3 | rep-4 |" + extra)
     print("|---|---|---|---|---|---|" + "---|" * extra.count("|"))
-    for name in configs:
+    for name in names:
         metrics = [DistinctN(2), DistinctN(3), RepetitionRate(4)]
         for metric in metrics:
             metric.update(outputs[name])
         d2, d3, r4 = (float(m.compute()) for m in metrics)
         ms = statistics.median(per_token[name])
         row = f"| {name} | {ms * 1000:.1f} | {ms / base:.2f}x | {d2:.3f} | {d3:.3f} | {r4:.3f} |"
-        if args.set == "open-ended":
+        if open_ended:
             bleu = SelfBLEU(4)
             bleu.update(outputs[name])
             nll = [text_nll(model, ids, new) for ids, new in zip(prompts, outputs[name], strict=True)]
