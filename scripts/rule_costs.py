@@ -74,6 +74,7 @@ def text_nll(model: Any, prompt: list[int], new: list[int]) -> tuple[float, int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--first", type=int, default=0, help="index of the first prompt (to split a run over processes)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
@@ -86,7 +87,8 @@ def main() -> None:
     model, tokenizer = load_pretrained(resolve(DEFAULT_MODEL))
     assert tokenizer is not None
     rows = [json.loads(line) for line in dataset_file("spec_bench/question.jsonl").read_text().splitlines()]
-    turns = [r["turns"][0] for r in rows if r["category"] in ("writing", "roleplay")][: args.prompts]
+    turns = [r["turns"][0] for r in rows if r["category"] in ("writing", "roleplay")]
+    turns = turns[args.first : args.first + args.prompts]
     prompts = [encode_prompt(tokenizer, t, chat=True) for t in turns]
     bad = [tokenizer.encode(" " + w, add_special_tokens=False) for w in CONFIGS["greedy + bad_words_ids (5 words)"]["bad_words"]]
     configs = CONFIGS if args.set == "hooks" else OPEN_ENDED
