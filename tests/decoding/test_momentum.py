@@ -99,3 +99,8 @@ def test_as_a_logits_processor_speculative_decoding_gives_the_rule_s_tokens(meth
 def test_refusals(options):
     with pytest.raises(ConfigError):
         registry.build("rule", "momentum", **options)
+
+
+def test_refuses_sampling():
+    with pytest.raises(ConfigError, match="greedily"):
+        generate(greedy_target(), None, PROMPT, max_new_tokens=4, do_sample=True, rule=registry.build("rule", "momentum"))

@@ -115,6 +115,8 @@ class MomentumDecoding(DecodingRule):
         self.resistance: Resistance = resistance
 
     def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
+        if sampler.config.do_sample:
+            raise ConfigError("momentum decoding chooses greedily: it takes no --temperature")
         k = min(self.top_k, target.config.vocab_size)
         graph = NgramGraph(self.max_ngram, prompt_ids)
 
