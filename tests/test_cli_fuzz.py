@@ -203,6 +203,8 @@ SEMANTIC: list[tuple[str, list[str]]] = [
                                "cntp:entropy_low=2:entropy_high=1"]),
     ("generate-cntp-trials", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1", "--method",
                               "cntp:max_trials=0"]),
+    ("generate-momentum-sampling", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1",
+                                    "--method", "momentum"]),
     ("generate-icn-n", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "icn:n=0"]),
     ("unknown-command", ["bogus"]),
     ("bench-backends", ["bench", "--model", "{model}", "--backends", "bogus", "--out", "{out}/b"]),
