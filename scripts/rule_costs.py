@@ -80,7 +80,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", choices=["hooks", "open-ended"], default="hooks")
     parser.add_argument("--dump", help="write the outputs and timings so far to this JSON after every prompt")
-    parser.add_argument("--from-dump", help="print the table of such a JSON (the prompts it holds) instead of running")
+    parser.add_argument("--from-dump", nargs="+", help="print the table of such JSONs (the prompts they hold, "
+                        "pooled) instead of running")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
@@ -88,8 +89,8 @@ def main() -> None:
     assert tokenizer is not None
     rows = [json.loads(line) for line in dataset_file("spec_bench/question.jsonl").read_text().splitlines()]
     turns = [r["turns"][0] for r in rows if r["category"] in ("writing", "roleplay")]
-    turns = turns[args.first : args.first + args.prompts]
-    prompts = [encode_prompt(tokenizer, t, chat=True) for t in turns]
+    every = [encode_prompt(tokenizer, t, chat=True) for t in turns]
+    prompts = every[args.first : args.first + args.prompts]
     bad = [tokenizer.encode(" " + w, add_special_tokens=False) for w in CONFIGS["greedy + bad_words_ids (5 words)"]["bad_words"]]
     configs = CONFIGS if args.set == "hooks" else OPEN_ENDED
     calls: dict[str, Callable[[list[int]], Any]] = {}
@@ -99,16 +100,21 @@ def main() -> None:
             options["rule"] = registry.build("rule", options["rule"])
         calls[name] = lambda ids, o=options: generate(model, tokenizer, ids, max_new_tokens=args.max_new_tokens, **o)
     if args.from_dump:
-        done = json.loads(Path(args.from_dump).read_text())
-        per_token, outputs = done["per_token"], done["outputs"]
-        prompts = prompts[: len(outputs["greedy"])]
+        per_token, outputs = {name: [] for name in configs}, {name: [] for name in configs}
+        prompts = []
+        for path in args.from_dump:
+            done = json.loads(Path(path).read_text())
+            prompts += every[done["first"] : done["first"] + len(done["outputs"]["greedy"])]
+            for name in configs:
+                per_token[name] += done["per_token"][name]
+                outputs[name] += done["outputs"][name]
     else:
-        per_token, outputs = run(calls, prompts, args.rounds, args.dump)
+        per_token, outputs = run(calls, prompts, args.rounds, args.dump, args.first)
     report(model, prompts, list(configs), per_token, outputs, open_ended=args.set == "open-ended")
 
 
 def run(calls: dict[str, Callable[[list[int]], Any]], prompts: list[list[int]], rounds: int,
-        dump: str | None) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+        dump: str | None, first: int) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
     """Seconds per token of every call on every prompt (prompts outer, calls inner, `rounds` times) and
     the first round's outputs."""
     for call in calls.values():  # warm-up
@@ -124,7 +130,7 @@ def run(calls: dict[str, Callable[[list[int]], Any]], prompts: list[list[int]], 
                 if round_ == 0:
                     outputs[name].append(out.token_ids)
             if dump:
-                Path(dump).write_text(json.dumps({"per_token": per_token, "outputs": outputs}))
+                Path(dump).write_text(json.dumps({"first": first, "per_token": per_token, "outputs": outputs}))
     return per_token, outputs
 
 
