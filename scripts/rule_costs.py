@@ -7,7 +7,8 @@ side by side: every configuration decodes each prompt in turn, rounds interleave
 Prompts: the first turns of Spec-Bench's writing and roleplay questions (../shared/datasets). Prints one
 markdown row per configuration: ms per token, its ratio to greedy's (medians over prompts and rounds),
 distinct-2 / distinct-3 and rep-4 of the generated tokens (`metrics/open_ended.py`); `--set open-ended`
-(the rules against greedy and top-p) adds self-BLEU-4 across the prompts' outputs and the target's
+(the rules against greedy and top-p) adds the median of the per-prompt ratios to greedy on the same
+prompt (paired, steadier on a loaded machine), self-BLEU-4 across the prompts' outputs and the target's
 perplexity of its own text (teacher forced after the prompt, pooled over tokens).
 """
 
@@ -137,7 +138,7 @@ def run(calls: dict[str, Callable[[list[int]], Any]], prompts: list[list[int]], 
 def report(model: Any, prompts: list[list[int]], names: list[str], per_token: dict[str, list[float]],
            outputs: dict[str, list[list[int]]], *, open_ended: bool) -> None:
     base = statistics.median(per_token["greedy"])
-    extra = " self-BLEU-4 | perplexity | tokens |" if open_ended else ""
+    extra = " paired vs greedy | self-BLEU-4 | perplexity | tokens |" if open_ended else ""
     print("| configuration | ms / token | vs greedy | distinct-2 | distinct-3 | rep-4 |" + extra)
     print("|---|---|---|---|---|---|" + "---|" * extra.count("|"))
     for name in names:
@@ -148,6 +149,8 @@ def report(model: Any, prompts: list[list[int]], names: list[str], per_token: di
         ms = statistics.median(per_token[name])
         row = f"| {name} | {ms * 1000:.1f} | {ms / base:.2f}x | {d2:.3f} | {d3:.3f} | {r4:.3f} |"
         if open_ended:
+            paired = statistics.median(a / b for a, b in zip(per_token[name], per_token["greedy"], strict=True))
+            row += f" {paired:.2f}x |"
             bleu = SelfBLEU(4)
             bleu.update(outputs[name])
             nll = [text_nll(model, ids, new) for ids, new in zip(prompts, outputs[name], strict=True)]
