@@ -253,7 +253,7 @@ def generate(
         if constraint is not None:
             raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no response_format")
         emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
-                          stop_check.check if stop_check is not None else None)
+                          stop_check.check if stop_check is not None else None, tokenizer)
         new, finish, stats = rule.decode(model, ids, sampler, emitter)
     elif device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget

@@ -6,6 +6,7 @@ from warpdecode.decoding.search import (  # noqa: F401
     deal,
     diverse_beam,
     first_finish,
+    icn,
     sample,
     superposed,
     transfer_q,
