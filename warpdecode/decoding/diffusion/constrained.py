@@ -89,7 +89,6 @@ class GrammarCommits:
                 frontier = ahead[0]
                 token = self._frontier_token(row, state, ahead, seq, logits[row])
                 chosen[row, frontier], positions[row, frontier] = token, True
-                self.witness[row].pop(frontier, None)
         return Commit(positions, chosen)
 
     def _sync(self, row: int, state: Constraint, slots: list[int], seq: dict[int, int]) -> None:
@@ -156,10 +155,12 @@ class GrammarCommits:
             scores = scores / self.temperature - torch.log(-torch.log(uniform))
         ranked = scores.argsort(descending=True)[: int(allowed.sum())].tolist()
         for token in ranked[:FRONTIER_TRIES]:
-            if self._witness(state, ahead, seq | {frontier: token}, logits) is not None:
+            witness = self._witness(state, ahead, seq | {frontier: token}, logits)
+            if witness is not None:
+                self.witness[row] = witness  # the proof for the next stalled step
                 return int(token)
-        if frontier in self.witness[row]:
-            return self.witness[row][frontier]
+        if frontier in self.witness[row]:  # the rest of the last witness stays one
+            return self.witness[row].pop(frontier)
         raise RuntimeError("no token keeps the answer completable")  # the invariant says one exists
 
     def _allowed(self, state: Constraint, logits: Tensor) -> Tensor:
