@@ -375,7 +375,10 @@ def generate_batch(
     ids = [prompt_ids(model, tokenizer, p, chat=chat) for p in prompts]
     budgets = [min(max_new_tokens, model.config.max_seq_len - len(i)) for i in ids]
     stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
-    grammars = _row_grammars(model, tokenizer, response_format, len(ids))
+    from warpdecode.decoding.constraints.formats import compile_row_formats
+
+    grammars = compile_row_formats(response_format, tokenizer, rows=len(ids), vocab_size=model.config.vocab_size,
+                                   stop_ids=stop_token_ids(model, tokenizer))
     if any(g is not None for g in grammars):
         from warpdecode.decoding.constraints.rows import decode_rows
 
@@ -390,13 +393,3 @@ def generate_batch(
             finish = "context"
         outputs.append(GenerateOutput(new, tokenizer.decode(new) if tokenizer else "", finish, stats))
     return outputs
-
-
-def _row_grammars(model: Backbone, tokenizer: Tokenizer | None, response_format: Any, rows: int) -> list[Any]:
-    """One compiled grammar per row of `generate_batch` (None: free)."""
-    if response_format is None:
-        return [None] * rows
-    from warpdecode.decoding.constraints.formats import compile_row_formats
-
-    return compile_row_formats(response_format, tokenizer, rows=rows, vocab_size=model.config.vocab_size,
-                               stop_ids=stop_token_ids(model, tokenizer))
