@@ -227,6 +227,11 @@ def test_generate_constrains_a_diffusion_lm(dlm_dir, tmp_path, capsys):
     code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--regex", "[0-9]",
                         "--max-new-tokens", "8", "--method", "free_draft"], capsys)
     assert code == 2 and "takes no constraint" in err
+    schema = tmp_path / "keyed.json"  # a key needs '"', which the task alphabet lacks
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--max-new-tokens", "8",
+                        "--json-schema", str(schema)], capsys)
+    assert code == 2 and "vocabulary cannot write" in err
 
 
 def test_prompts_writes_a_prompt_set_the_recipes_read(tmp_path, capsys):

@@ -151,3 +151,6 @@ def test_bad_constraints_are_refused() -> None:
         decode(model, tokenizer, "fixed", grammar[:2])
     with pytest.raises(CapabilityError, match="takes no constraint"):
         decode(model, tokenizer, "free_draft", grammar)
+    no_quotes = states({"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}, tokenizer, 3, model)
+    with pytest.raises(ConfigError, match="vocabulary cannot write"):
+        decode(model, tokenizer, "fixed", no_quotes)

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from warpdecode.decoding.constraints.protocol import Constraint, mask_words, unpack_mask
 from warpdecode.decoding.diffusion.protocols import Commit
+from warpdecode.errors import ConfigError
 
 FILL_TRIES = 3
 """Most probable tokens tried at a hole before its full allowed-token mask is computed."""
@@ -149,6 +150,8 @@ class GrammarCommits:
         with a witness for the rest, else the last witness's."""
         frontier = ahead[0]
         allowed = self._allowed(state, logits)
+        if not allowed.any():  # the grammar goes on with text no token of this vocabulary writes
+            raise ConfigError("the response format needs characters this model's vocabulary cannot write")
         scores = logits[frontier].float().masked_fill(~allowed, float("-inf"))
         if self.temperature > 0:  # Gumbel-max: the ranking's first is a draw from the allowed tokens
             uniform = torch.rand(scores.shape, generator=self.generator, device=scores.device).clamp_min(1e-20)
@@ -171,7 +174,7 @@ class GrammarCommits:
         allowed = torch.zeros(vocab_size, dtype=torch.bool)
         width = min(vocab_size, state.vocab_size)
         allowed[:width] = unpack_mask(bits, state.vocab_size)[0, :width]
-        if state.is_accepting():
-            allowed[sorted(i for i in state.stop_ids if i < vocab_size)] = True
+        # a stop token only where the grammar accepts (llguidance's mask also sets it at a dead end)
+        allowed[sorted(i for i in state.stop_ids if i < vocab_size)] = state.is_accepting()
         allowed[self.mask_id] = False
         return allowed.to(logits.device)
