@@ -111,7 +111,8 @@ def diffusion_generate(
         if len(constraints) != len(prompts):
             raise ConfigError(f"got {len(constraints)} constraints for {len(prompts)} prompts")
         if policy.replaces_loop:
-            raise CapabilityError(f"commit policy {type(policy).__name__} runs its own loop: it takes no constraint")
+            name = getattr(policy, "name", type(policy).__name__)  # the registered name
+            raise CapabilityError(f"commit policy {name!r} runs its own loop: it takes no constraint")
         guard = GrammarCommits(constraints, eos_token_id=eos_token_id, mask_token_id=mask_token_id,
                                temperature=temperature, generator=generator)
     if policy.replaces_loop:
