@@ -151,6 +151,14 @@ SEMANTIC: list[tuple[str, list[str]]] = [
                                             "--constrained_sampling", "bogus"]),
     ("generate-awrs-top-k", ["generate", "--model", "{model}", "--prompt", "hi", "--regex", "a", "--temperature", "1",
                              "--top_k", "5", "--constrained_sampling", "awrs"]),
+    ("generate-diffusion-regex-invalid", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                          "--regex", "a(b"]),
+    ("generate-diffusion-choice-empty", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                         "--choice", ","]),
+    ("generate-diffusion-constraint-own-loop", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                                "--regex", "[0-9]+", "--method", "free_draft"]),
+    ("generate-diffusion-constrained-sampling", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                                 "--regex", "a", "--constrained_sampling", "awrs"]),
     ("generate-verifier", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
                            "--verifier", "bogus"]),
     ("generate-verifier-spec", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
@@ -528,7 +536,7 @@ ALL_CASES: list[tuple[str, list[str], str]] = [
 
 
 @pytest.fixture(scope="module")
-def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def fuzz_results(tmp_path_factory: pytest.TempPathFactory, dlm_dir: Path) -> dict[str, dict[str, Any]]:
     from warpdecode.export.package import export_package
     from warpdecode.models.checkpoint import load_pretrained
 
@@ -542,7 +550,7 @@ def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     garbage.write_bytes(os.urandom(1024))
     (root / "empty").mkdir()
     fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty",
-             "eagle": drafter, "distilled": distilled}
+             "eagle": drafter, "distilled": distilled, "dlm": dlm_dir}
 
     sources: dict[str, tuple[Path, Mutation | None]] = {}
     for name, mutate in MODEL_FILES:

@@ -343,6 +343,8 @@ def generate_batch(
     max_new_tokens: int = 128,
     chat: bool | None = None,
     stop_at_eos: bool = True,
+    response_format: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    jump_forward: bool = True,
     **sampling: Any,
 ) -> list[GenerateOutput]:
     """Plain decoding of several prompts in one batch (one forward per step for all of them).
@@ -352,6 +354,11 @@ def generate_batch(
     sampled outputs differ from one-by-one runs with the same seed. Greedy outputs equal
     `generate()`'s up to floating-point ties (batched matmuls may round differently). Each output's
     `stats.seconds` runs from the batch's start to that prompt's last token.
+
+    `response_format` (as in `generate()`): one for every prompt, or a list of one per prompt (None: free).
+    The rows then decode as the server's continuous batch does, each constrained row with its own
+    matcher state: each row's tokens are those of `generate()` alone with its format (greedy, or sampled
+    with a seed: each row then draws from its own generator seeded with `seed`).
     """
     from warpdecode.decoding.batch import decode_batch
 
@@ -365,8 +372,19 @@ def generate_batch(
         raise ConfigError(f"generate_batch: {error}; sampling options: {', '.join(SamplingConfig.__dataclass_fields__)}") from None
     ids = [prompt_ids(model, tokenizer, p, chat=chat) for p in prompts]
     budgets = [min(max_new_tokens, model.config.max_seq_len - len(i)) for i in ids]
-    results = decode_batch(model, ids, Sampler(config, device=model.embed.weight.device), budgets=budgets,
-                           stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set())
+    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
+    from warpdecode.decoding.constraints.formats import compile_row_formats
+
+    grammars = compile_row_formats(response_format, tokenizer, rows=len(ids), vocab_size=model.config.vocab_size,
+                                   stop_ids=stop_token_ids(model, tokenizer))
+    if any(g is not None for g in grammars):
+        from warpdecode.decoding.constraints.rows import decode_rows
+
+        results = decode_rows(model, ids, config, budgets=budgets, grammars=grammars, stop_ids=stops,
+                              plain=lambda: build_method("none", do_sample=config.do_sample), jump_forward=jump_forward)
+    else:
+        results = decode_batch(model, ids, Sampler(config, device=model.embed.weight.device), budgets=budgets,
+                               stop_ids=stops)
     outputs = []
     for (new, finish, stats), budget in zip(results, budgets, strict=True):
         if finish == "length" and budget < max_new_tokens:
