@@ -228,7 +228,7 @@ def generate(
         length_penalty=length_penalty, early_stopping=early_stopping, no_repeat_ngram_size=no_repeat_ngram_size,
         num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty)
     if strategy is not None:
-        if device_step or response_format is not None or texts or penalty_alpha or mirostat:
+        if device_step or response_format is not None or texts or penalty_alpha or mirostat or rule is not None:
             raise CapabilityError("a search takes no device step, response_format, stop strings or decoding rule "
                                   "(not built yet)")
         return generate_search(model, tokenizer, ids, strategy, sampler, max_new_tokens=max_new_tokens, budget=budget,
@@ -256,6 +256,7 @@ def generate(
             raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no response_format")
         emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
                           stop_check.check if stop_check is not None else None)
+        rule = rule.for_prompt(prompt, lambda text: prompt_ids(model, tokenizer, text, chat=chat))
         new, finish, stats = rule.decode(model, ids, sampler, emitter)
     elif device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
