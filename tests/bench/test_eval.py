@@ -101,6 +101,8 @@ def test_diversity_of_samples():
     ({"task": "gsm8k", "num_return_sequences": 2}, "--temperature > 0"),
     ({"task": "gsm8k", "limit": 0}, "--limit"),
     ({"task": "humaneval", "timeout": 0}, "--timeout"),
+    ({"task": "gsm8k", "scorer": "public_tests"}, "--scorer"),
+    ({"task": "humaneval", "scorer": "hidden_tests"}, "--scorer"),
 ])
 def test_bad_configurations_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):
@@ -143,4 +145,30 @@ def test_eval_takes_a_search_strategy_or_beams(datasets, tiny_model_dir, tmp_pat
     (sample,) = result["problems"][0]["samples"]
     assert result["summary"]["method"] == options.get("method", "none + num_beams=2")
     assert result["config"]["num_beams"] == options.get("num_beams", 1)
-    assert 0 < sample["new_tokens"] <= 4 and result["summary"]["tokens"] == sample["new_tokens"]
+    assert 0 < sample["new_tokens"] <= 2 * 4 and result["summary"]["tokens"] == sample["new_tokens"]  # every row's
+
+
+def test_public_tests_scorer_ranks_by_the_examples_then_by_probability():
+    from warpdecode.bench.eval import PublicTestsScorer
+    from warpdecode.data.humaneval import HumanEvalProblem
+    from warpdecode.decoding.outputs import Candidate
+
+    problem = HumanEvalProblem("T/0", 'def sq(x):\n    """\n    >>> sq(2)\n    4\n    >>> sq(3)\n    9\n    """\n',
+                               "def check(candidate):\n    assert False\n", "sq", "")
+    task = HumanEvalTask(EvalConfig(task="humaneval", timeout=2, workers=2))
+    texts = ["    return x * x\n", "    return x + x\n", "    return x ** 2\n", "    return 4\n"]
+    candidates = [Candidate([1] * 4, "eos", logprob=lp, text=t) for t, lp in zip(texts, [-8.0, -1.0, -4.0, -2.0], strict=True)]
+    scores = PublicTestsScorer(task, problem).score([0], candidates)
+    assert [round(s, 2) for s in scores] == [1.0, 0.5, 1.0, 0.5]  # the hidden test (assert False) is never run
+    assert sorted(range(4), key=lambda i: -scores[i]) == [2, 0, 1, 3]  # ties: the likelier first
+
+
+def test_eval_ranks_a_search_with_the_tasks_scorer(datasets, tiny_model_dir, tmp_path):
+    out = tmp_path / "scored.json"
+    commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=4, limit=1, output=out, threads=1,
+                  method="best_of_n:n=3", temperature=1.0, seed=2, scorer="public_tests")
+    result = json.loads(out.read_text())
+    assert result["config"]["scorer"] == "public_tests" and len(result["problems"][0]["samples"]) == 1
+    with pytest.raises(ConfigError, match="--scorer ranks a search"):
+        commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=4, limit=1, threads=1,
+                      scorer="public_tests")

@@ -45,3 +45,70 @@ def test_the_canonical_solutions_pass_and_wrong_ones_fail():
     wrong = [check_program(p, p.prompt + "    return None\n") for p in problems]
     results = run_programs(right + wrong, Limits(wall_seconds=10), workers=2)
     assert [r.status for r in results] == ["passed"] * 3 + ["failed"] * 3
+
+
+EXAMPLES = HumanEvalProblem("T/1", '''import math
+
+
+def add(a, b):
+    """ Add two numbers.
+    >>> add(1, 2)
+    3
+    >>> add(0, 0) == 0
+
+    >>> add(x, 1)
+    2
+
+    For example:
+    add(2, 2) == 4
+    add(1, 1) ➞ 2
+    add(3, 1) -> 3 + 1 = 4
+    add(2, 0) => true
+    add(1, 0) should return 1
+    add(5, 5) is about ten
+    """
+''', "", "add", "")
+
+
+def test_public_tests_are_the_docstrings_examples():
+    from warpdecode.data.humaneval import PublicTest, public_tests
+
+    assert public_tests(EXAMPLES) == [
+        PublicTest("add(1, 2)", "3"), PublicTest("add(0, 0) == 0", "True"),  # no output after a comparison
+        PublicTest("add(2, 2)", "4"), PublicTest("add(1, 1)", "2"), PublicTest("add(3, 1)", "4"),
+        PublicTest("add(2, 0)", "True"), PublicTest("add(1, 0)", "1")]  # `add(x, 1)`: x is prose
+
+
+def test_public_test_program_counts_what_passes_even_when_a_test_hangs():
+    from warpdecode.data.humaneval import PublicTest, public_test_fraction, public_test_program
+
+    tests = [PublicTest("f(1)", "1"), PublicTest("f(2)", "2.0"), PublicTest("f(0)", "0"), PublicTest("f(3)", "(3, 3)")]
+    programs = [public_test_program("def f(x):\n    return x", tests),
+                public_test_program("def f(x):\n    while x == 0:\n        pass\n    return x", tests),
+                public_test_program("def f(x):\n    return 1 / x", tests[:1]),
+                public_test_program("def f(x):\n    return [x, x] if x == 3 else x", tests)]
+    results = run_programs(programs, Limits(wall_seconds=2), workers=2)
+    fractions = [public_test_fraction(r.stdout, n) for r, n in zip(results, [4, 4, 1, 4], strict=True)]
+    assert fractions == [0.75, 0.5, 1.0, 1.0]  # (3, 3) is not [3, 3] but a list equals a tuple's items
+
+
+def test_without_examples_keeps_the_description_and_drops_every_example():
+    from warpdecode.data.humaneval import without_examples
+
+    lame = without_examples(EXAMPLES.prompt)
+    assert lame == 'import math\n\n\ndef add(a, b):\n    """ Add two numbers.\n\n    add(5, 5) is about ten\n    """\n'
+    assert without_examples("def f():\n    pass\n") == "def f():\n    pass\n"
+
+
+def test_canonical_solutions_pass_their_public_tests():
+    """HumanEval's examples are right but for three problems whose docstrings are wrong (47: median 15.0
+    for 8.0; 116: sorted by value, the solution by bit count; 130: the recurrence's terms, not tri(n))."""
+    from warpdecode.data.humaneval import public_test_fraction, public_test_program, public_tests
+
+    problems = [p for p in humaneval_problems() if public_tests(p)]
+    assert len(problems) >= 120
+    programs = [public_test_program(p.prompt + p.canonical_solution, public_tests(p)) for p in problems]
+    results = run_programs(programs, Limits(wall_seconds=10), workers=2)
+    wrong = {p.task_id for p, r in zip(problems, results, strict=True)
+             if public_test_fraction(r.stdout, len(public_tests(p))) < 1}
+    assert wrong == {"HumanEval/47", "HumanEval/116", "HumanEval/130"}

@@ -18,7 +18,8 @@ import json
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from copy import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,12 +33,17 @@ from warpdecode.data.humaneval import (
     chat_prompt,
     check_program,
     humaneval_problems,
+    public_test_fraction,
+    public_test_program,
+    public_tests,
     truncate_completion,
 )
 from warpdecode.decoding.engine import Method
 from warpdecode.decoding.generate import generate
+from warpdecode.decoding.outputs import Candidate
 from warpdecode.decoding.rules.protocols import DecodingRule
 from warpdecode.decoding.search.protocols import SearchStrategy
+from warpdecode.decoding.search.scorers import Scorer
 from warpdecode.errors import ConfigError
 from warpdecode.io import atomic_file
 from warpdecode.metrics.open_ended import DistinctN, SelfBLEU, WordIds
@@ -68,6 +74,8 @@ class EvalConfig:
     """Wall-clock limit of one HumanEval program."""
     workers: int = 1
     """HumanEval programs run at once."""
+    scorer: str | None = None
+    """A task scorer that replaces the search's own, per problem (`Task.scorer`): public_tests."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -88,6 +96,9 @@ class EvalConfig:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if not self.timeout > 0:
             raise ConfigError(f"--timeout must be > 0, got {self.timeout}")
+        if self.scorer is not None and self.scorer not in TASKS[self.task].scorers:
+            raise ConfigError(f"--scorer {self.scorer!r} is not one of task {self.task}'s: "
+                              f"{', '.join(TASKS[self.task].scorers) or 'it has none'}")
 
     @property
     def use_chat(self) -> bool | None:
@@ -105,6 +116,7 @@ class Sample:
     reason: str
     """The sandbox's reason (HumanEval), or `expected N` (GSM8K)."""
     new_tokens: int
+    """Tokens generated for this sample: a search's over all its rows (`DecodeStats.search_tokens`)."""
     target_forwards: int
     seconds: float
     seed: int | None
@@ -125,6 +137,8 @@ class Task(ABC):
 
     default_chat: ClassVar[bool | None]
     metric: ClassVar[str]
+    scorers: ClassVar[tuple[str, ...]] = ()
+    """The names `scorer` takes."""
 
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
@@ -150,12 +164,18 @@ class Task(ABC):
     def score(self, problem: Any, texts: list[str]) -> list[tuple[str, bool, str]]:
         """(what was scored, correct, reason) of each generated text."""
 
+    def scorer(self, problem: Any, name: str) -> Scorer:
+        """The scorer `name` for a search's candidates on `problem` (what the model may see, never the
+        hidden tests)."""
+        raise ConfigError(f"task {self.config.task} has no scorer {name!r}")
+
 
 class HumanEvalTask(Task):
     """Completion protocol by default (the model continues the prompt's code, cut at `STOP_SEQUENCES`)."""
 
     default_chat = False
     metric = "pass@1"
+    scorers = ("public_tests",)
 
     def problems(self) -> list[HumanEvalProblem]:
         return humaneval_problems(self.config.limit)
@@ -170,17 +190,45 @@ class HumanEvalTask(Task):
     def stop(self) -> tuple[str, ...]:
         return () if self.config.use_chat else STOP_SEQUENCES
 
-    def score(self, problem: HumanEvalProblem, texts: list[str]) -> list[tuple[str, bool, str]]:
-        # cut here too: a search takes no stop strings yet, so its samples run to max_new_tokens or EOS
+    def candidate(self, problem: HumanEvalProblem, text: str) -> tuple[str, str]:
+        """(what is scored, the program's code) of a generated text: the completion cut at the stop
+        sequences (a search takes no stop strings yet: its samples run to the budget or EOS), or the
+        chat reply's code."""
         if self.config.use_chat:
-            candidates = [chat_candidate(problem, text) for text in texts]
-            scored = candidates
-        else:
-            scored = [truncate_completion(text, STOP_SEQUENCES) for text in texts]
-            candidates = [problem.prompt + completion for completion in scored]
+            code = chat_candidate(problem, text)
+            return code, code
+        completion = truncate_completion(text, STOP_SEQUENCES)
+        return completion, problem.prompt + completion
+
+    def score(self, problem: HumanEvalProblem, texts: list[str]) -> list[tuple[str, bool, str]]:
+        scored, candidates = zip(*(self.candidate(problem, text) for text in texts), strict=True)
         limits = Limits(wall_seconds=self.config.timeout)
         results = run_programs([check_program(problem, c) for c in candidates], limits, workers=self.config.workers)
         return [(s, r.passed, r.reason if r.passed else f"{r.status}: {r.reason}") for s, r in zip(scored, results, strict=True)]
+
+
+    def scorer(self, problem: HumanEvalProblem, name: str) -> Scorer:
+        return PublicTestsScorer(self, problem)
+
+
+@dataclass(frozen=True)
+class PublicTestsScorer:
+    """The fraction of the problem's public tests (its docstring's examples, `public_tests`: what the
+    model sees in its prompt) a candidate passes in the sandbox, ties broken by the candidate's mean
+    token probability: score = fraction + 1e-3 · exp(mean log-probability) (the fraction moves in steps
+    of at least 1/len(tests) > 1e-3). A problem without examples ranks by the tie-break alone."""
+
+    task: HumanEvalTask
+    problem: HumanEvalProblem
+
+    def score(self, prompt: list[int], candidates: Sequence[Candidate]) -> list[float]:
+        tiebreak = [1e-3 * math.exp(c.logprob / max(1, len(c.token_ids))) for c in candidates]
+        tests = public_tests(self.problem)
+        if not tests:
+            return tiebreak
+        programs = [public_test_program(self.task.candidate(self.problem, c.text)[1], tests) for c in candidates]
+        results = run_programs(programs, Limits(wall_seconds=self.task.config.timeout), workers=self.task.config.workers)
+        return [public_test_fraction(r.stdout, len(tests)) + t for r, t in zip(results, tiebreak, strict=True)]
 
 
 class GSM8KTask(Task):
@@ -273,10 +321,13 @@ def diversity(texts_per_problem: list[list[str]]) -> dict[str, float | None]:
 def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, config: EvalConfig, *, model_name: str,
              search: SearchStrategy | None = None, rule: DecodingRule | None = None,
              emit: Callable[[str], None] = log_line) -> EvalResult:
-    """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`, with
-    the `search` strategy (best-of-N, First Finish Search...; each sample is its best candidate), or with
-    the decoding `rule` (USCD...)."""
+    """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`, or
+    with the `search` strategy (best-of-N, First Finish Search...; each sample is its best candidate;
+    `config.scorer` gives it the task's scorer of each problem), or the decoding `rule`."""
     task = TASKS[config.task](config)
+    if config.scorer is not None and not hasattr(search, "scorer"):
+        raise ConfigError(f"--scorer ranks a search's candidates: give --method a search that takes a scorer "
+                          f"(e.g. best_of_n:n=4), got {config.method!r}")
     problems = task.problems()
     n, sampling = config.num_return_sequences, config.temperature > 0
     searching = search is not None or config.num_beams > 1
@@ -284,6 +335,10 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
     lines = ProgressLines(f"eval {config.task}", total=len(problems) * n, unit="samples", every=30.0, emit=emit)
     results, passed = [], 0
     for j, problem in enumerate(problems):
+        strategy = search
+        if search is not None and config.scorer is not None:
+            strategy = copy(search)
+            strategy.scorer = task.scorer(problem, config.scorer)  # type: ignore[attr-defined]
         outputs = []
         for i in range(n):
             seed = config.seed + j * n + i if sampling else None
@@ -291,11 +346,12 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
             out = generate(target, tokenizer, task.prompt(problem), max_new_tokens=config.max_new_tokens,
                            do_sample=sampling, temperature=config.temperature if sampling else 1.0,
                            top_k=config.top_k, top_p=config.top_p, seed=seed, chat=config.use_chat, method=method,
-                           stop=stop, num_beams=config.num_beams, search=search, rule=rule)
+                           stop=stop, num_beams=config.num_beams, search=strategy, rule=rule)
             outputs.append((out, time.perf_counter() - started, seed))
             lines.update(j * n + i + 1, correct=f"{passed}/{j * n} scored")
         scores = task.score(problem, [out.text for out, _, _ in outputs])
-        samples = [Sample(out.text, scored, correct, reason, len(out.token_ids), out.stats.target_forwards, seconds, seed)
+        samples = [Sample(out.text, scored, correct, reason, out.stats.search_tokens or len(out.token_ids),
+                          out.stats.target_forwards, seconds, seed)
                    for (out, seconds, seed), (scored, correct, reason) in zip(outputs, scores, strict=True)]
         results.append(ProblemResult(task.problem_id(problem), samples))
         passed += sum(s.correct for s in samples)

@@ -204,6 +204,7 @@ def eval(
     workers: int = 1,
     output: Path | None = None,
     threads: int | None = None,
+    scorer: str | None = None,
 ) -> None:
     """Evaluate a decoding method on HumanEval (pass@k, programs run in a sandbox) or GSM8K (accuracy).
 
@@ -221,9 +222,9 @@ def eval(
         device: cpu, or cuda (a CUDA device such as cuda:1).
         dtype: precision of --model's weights: fp32, bf16, fp16, q8, q4 or native (see `generate --help`).
         method: decoding method NAME[:KEY=VALUE...] as in `generate --method`: a drafter (default: none,
-            plain decoding, or the method a package was exported with) or a search strategy such as
+            plain decoding, or the method a package was exported with), a search strategy such as
             best_of_n:n=4 or first_finish:n=4, whose best candidate is the sample (docs/search.md), or a
-            decoding rule such as uscd (docs/decoding-rules.md).
+            decoding rule (`warpdecode methods`, kind rule).
         limit: the first N problems (default: all; HumanEval has 164, GSM8K's test split 1,319).
         max_new_tokens: largest number of tokens generated per sample.
         temperature: 0 for greedy decoding; > 0 samples at this temperature.
@@ -240,6 +241,9 @@ def eval(
         workers: HumanEval programs run at once.
         output: JSON file for the configuration, the summary and every sample.
         threads: CPU threads for torch (default: torch's choice).
+        scorer: rank a search's candidates with the task's scorer of each problem instead of the
+            search's own: public_tests (humaneval: the fraction of the docstring's examples a candidate
+            passes in the sandbox, ties by mean token probability; the hidden tests stay unseen).
     """
     from warpdecode.bench.eval import EvalConfig, run_eval
     from warpdecode.decoding.specs import parse_method
@@ -256,7 +260,7 @@ def eval(
     config = EvalConfig(task=task, method=method or "none", limit=limit, num_return_sequences=num_return_sequences,
                         num_beams=num_beams, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, seed=seed,
-                        chat=chat, timeout=timeout, workers=workers)
+                        chat=chat, timeout=timeout, workers=workers, scorer=scorer)
     if threads is not None:
         torch.set_num_threads(threads)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)

