@@ -131,3 +131,17 @@ def test_id_prompts_need_the_contrast_as_ids(model):
 def test_a_spec_value_takes_escaped_colons():
     assert parse_spec(r"cad:alpha=0.5:context=Note\: the sky is green") == (
         "cad", {"alpha": 0.5, "context": "Note: the sky is green"})
+
+
+def test_uscd_lame_prompt_defaults_to_the_prompt_without_its_examples(tmp_path):
+    from warpdecode.data.humaneval import without_examples
+    from warpdecode.models.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(save_tiny_model(tmp_path / "m"))
+    prompt = 'def f(x):\n    """Double x.\n    >>> f(2)\n    4\n    """\n'
+    assert without_examples(prompt) != prompt
+    default = generate(model, tokenizer, prompt, max_new_tokens=12, stop_at_eos=False,
+                       rule=registry.build("rule", "uscd", threshold=1.0))
+    given = generate(model, tokenizer, prompt, max_new_tokens=12, stop_at_eos=False,
+                     rule=registry.build("rule", "uscd", threshold=1.0, lame_prompt=without_examples(prompt)))
+    assert default.token_ids == given.token_ids

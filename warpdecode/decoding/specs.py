@@ -77,7 +77,8 @@ def parse_spec(text: str) -> tuple[str, dict[str, OptionValue]]:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key or not value.strip():
-            raise ConfigError(f"method spec {text!r}: {pair!r} is not KEY=VALUE; expected {SPEC_SYNTAX}")
+            raise ConfigError(f"method spec {text!r}: {pair!r} is not KEY=VALUE; expected {SPEC_SYNTAX} "
+                              "(a colon inside a value is written \\:)")
         if key in options:
             raise ConfigError(f"method spec {text!r} sets {key!r} twice")
         options[key] = parse_value(value.strip().replace("\\:", ":"))
