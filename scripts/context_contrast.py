@@ -2,7 +2,7 @@
 of the generated text the source holds, and the cost per token, side by side (every configuration
 decodes each prompt in turn, so machine noise spreads over all of them).
 
-    PYTHONPATH=. python scripts/context_contrast.py --prompts 4 --max-new-tokens 128 --alphas 0.5,1
+    PYTHONPATH=. python scripts/context_contrast.py --prompts 4 --max-new-tokens 128 --alphas 0.5,1 --threads 1
 
 Prompts: the first `--prompts` first turns of each category (../shared/datasets), through the chat
 template. The context CAD removes: a RAG prompt's passages (everything before its last line, the
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--alphas", default="0.5,1")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_flush_denormal(True)
