@@ -10,7 +10,7 @@ question); a summarization prompt's article (everything after "Summarize: "). Pr
 per configuration and category: source overlap of generated word 2- and 3-grams
 (`metrics/source_overlap.py`), mean tokens generated, ms per decoding step after the first token and
 its ratio to greedy's, and the ratio of the time to the first token (prefill; ratios are medians over
-prompts of each prompt's ratio); `--out FILE` also writes every output as JSON.
+prompts of each prompt's ratio); `--out FILE` also writes every output (and its source) as JSON.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def main() -> None:
                                 "tokens": len(out.token_ids), "prefill_s": stats.time_to_first_token,
                                 "step_s": (stats.seconds - stats.time_to_first_token) / max(len(out.token_ids) - 1, 1),
                                 "source": source})
+                if args.out is not None:  # as it goes: a cut-short run keeps its outputs
+                    args.out.write_text(json.dumps(records, indent=1))
     print(f"model {args.model}, {args.prompts} prompts per category, {args.max_new_tokens} new tokens at most")
     print("| category | configuration | overlap-2 | overlap-3 | tokens | ms / step | vs greedy | prefill vs greedy |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -87,8 +89,6 @@ def main() -> None:
             print(f"| {category} | {name} | {float(overlap[0].compute()):.3f} | {float(overlap[1].compute()):.3f} | "
                   f"{statistics.mean(r['tokens'] for r in chosen):.0f} | "
                   f"{1000 * statistics.median(r['step_s'] for r in chosen):.1f} | {step:.2f}x | {prefill:.2f}x |")
-    if args.out is not None:
-        args.out.write_text(json.dumps([{k: v for k, v in r.items() if k != "source"} for r in records], indent=1))
 
 
 if __name__ == "__main__":
