@@ -73,6 +73,41 @@ def test_a_seeded_sampled_request_equals_generate_with_that_seed(client, tiny):
     assert answers[0] == answers[1] == expected(tiny, PROMPTS[1], 20, **sampling)[0]
 
 
+def test_n_sampled_choices_are_n_seeded_requests(client, tiny):
+    """Choice i of a request with n and a seed equals generate() seeded seed + i; the prompt is billed once."""
+    sampling = {"temperature": 0.9, "top_p": 0.95, "seed": 11}
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=20, n=3, **sampling)
+    wanted = [expected(tiny, PROMPTS[1], 20, **{**sampling, "seed": 11 + i}) for i in range(3)]
+    assert [(c.index, c.text, c.finish_reason) for c in out.choices] == [(i, *w) for i, w in enumerate(wanted)]
+    assert len({c.text for c in out.choices}) > 1
+    single = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=20, **sampling)
+    assert out.usage.prompt_tokens == single.usage.prompt_tokens
+    lengths = [len(generate(*tiny, PROMPTS[1], max_new_tokens=20, chat=False, do_sample=True, temperature=0.9,
+                            top_p=0.95, seed=11 + i).token_ids) for i in range(3)]
+    assert out.usage.completion_tokens == sum(lengths)
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=12, n=3, stream=True, stream_options={"include_usage": True},
+                                                 **sampling))
+    texts, finishes = ["", "", ""], [None, None, None]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert [(t, f) for t, f in zip(texts, finishes, strict=True)] == [
+        expected(tiny, "Hi", 12, chat=True, **{**sampling, "seed": 11 + i}) for i in range(3)]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_n_greedy_choices_are_one_answer_copied(client, tiny):
+    out = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                         max_tokens=12, n=2, temperature=0)
+    one = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                         max_tokens=12, temperature=0)
+    assert [c.message.content for c in out.choices] == [one.choices[0].message.content] * 2
+    assert [c.index for c in out.choices] == [0, 1]
+    assert out.usage.completion_tokens == 2 * one.usage.completion_tokens
+
+
 def test_stop_sequence_ends_the_answer_before_it(client, tiny):
     full, _ = expected(tiny, PROMPTS[2], 30)
     stop = full[10:13]
@@ -117,7 +152,7 @@ def test_unknown_model_is_a_404_in_openai_shape(client):
 
 
 def test_bad_parameters_are_400s_naming_the_field(client):
-    cases = [({"n": 2}, "n"), ({"temperature": -0.5}, "temperature"), ({"max_tokens": 10**9}, "max_tokens"),
+    cases = [({"n": 0}, "n"), ({"n": 129}, "n"), ({"temperature": -0.5}, "temperature"), ({"max_tokens": 10**9}, "max_tokens"),
              ({"extra_body": {"speculation": "no_such_method"}}, "speculation"),
              ({"extra_body": {"speculation": "prompt_lookup:bogus=1"}}, "speculation"),
              ({"extra_body": {"made_up": 1}}, "made_up"), ({"top_p": 0}, "top_p"), ({"stop": [""]}, "stop")]

@@ -44,7 +44,8 @@ MALFORMED = [
     (CHAT, b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.0.role"),
     (CHAT, b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages.0.content"),
     (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools"),
-    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "n": "3"}', 400, "n"),
     (CHAT, b'{"messages": "hello"}', 400, "messages"),
 ]
 

@@ -330,8 +330,8 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
                           f"(e.g. best_of_n:n=4), got {config.method!r}")
     problems = task.problems()
     n, sampling = config.num_return_sequences, config.temperature > 0
-    searching = search is not None or config.num_beams > 1
-    stop = () if searching else task.stop  # a search takes no stop strings yet: its samples are cut when scored
+    # beam searches take no stop strings yet: their samples are cut when scored
+    stop = task.stop if config.num_beams == 1 and (search is None or search.takes_stop_strings) else ()
     lines = ProgressLines(f"eval {config.task}", total=len(problems) * n, unit="samples", every=30.0, emit=emit)
     results, passed = [], 0
     for j, problem in enumerate(problems):

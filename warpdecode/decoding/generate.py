@@ -228,12 +228,10 @@ def generate(
         length_penalty=length_penalty, early_stopping=early_stopping, no_repeat_ngram_size=no_repeat_ngram_size,
         num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty)
     if strategy is not None:
-        if device_step or response_format is not None or texts or penalty_alpha or mirostat or rule is not None:
-            raise CapabilityError("a search takes no device step, response_format, stop strings or decoding rule "
-                                  "(not built yet)")
+        if device_step or response_format is not None or penalty_alpha or mirostat or rule is not None:
+            raise CapabilityError("a search takes no device step, response_format or decoding rule (not built yet)")
         return generate_search(model, tokenizer, ids, strategy, sampler, max_new_tokens=max_new_tokens, budget=budget,
-                               stop_ids=stops,
-                               drafter=method if isinstance(method, str) else method.drafter.name, streamer=streamer)
+                               stop_ids=stops, method=method, streamer=streamer, stop_strings=texts)
     built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
 

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
@@ -34,6 +35,7 @@ from warpdecode.serve.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    Usage,
     bad_request,
     parse_body,
 )
@@ -195,37 +197,53 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         if req.response_format is not None and req.response_format.type != "text":
             grammar = await run_in_threadpool(_grammar, req.response_format.as_dict(), scheduler)
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-        def emit(event: Event) -> None:  # called from the scheduler's thread
-            loop.call_soon_threadsafe(events.put_nowait, event)
+        def emitter(i: int) -> Callable[[Event], None]:
+            def emit(event: Event) -> None:  # called from the scheduler's thread
+                loop.call_soon_threadsafe(events.put_nowait, (i, event))
+            return emit
 
-        job = Job(ids, max_tokens, sampling, spec, req.stops(), emit, grammar=grammar)
-        scheduler.submit(job)
+        # n choices: n jobs when sampling (job i seeded seed + i), one job copied into every choice when
+        # greedy (the n answers are the same tokens)
+        jobs = [Job(ids, max_tokens, replace(sampling, seed=None if req.seed is None else req.seed + i), spec,
+                    req.stops(), emitter(i), grammar=grammar) for i in range(req.n if sampling.do_sample else 1)]
+        copies = 1 if sampling.do_sample else req.n
+        scheduler.submit(*jobs)
+        choices = _Choices(jobs, copies, events, request)
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": model_name}
         try:
-            first = await _next_event(events, request)
+            first = await choices.next()
         except BaseException:
-            job.cancel()
+            choices.cancel()
             raise
-        if isinstance(first, Failed):
-            raise first.error
+        if isinstance(first[1], Failed):
+            choices.cancel()
+            raise first[1].error
         if req.stream:
-            return StreamingResponse(_stream(job, events, first, kind, meta, req.include_usage),
+            return StreamingResponse(_stream(choices, first, kind, meta, req.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        parts: list[str] = []
-        event: Event = first
+        parts: list[list[str]] = [[] for _ in jobs]
+        done: dict[int, Finished] = {}
+        event = first
         try:
-            while not isinstance(event, Finished):
-                if isinstance(event, Failed):
-                    raise event.error
-                parts.append(event.text)
-                event = await _next_event(events, request)
+            while True:
+                i, what = event
+                if isinstance(what, Failed):
+                    raise what.error
+                if isinstance(what, Finished):
+                    done[i] = what
+                    if len(done) == len(jobs):
+                        break
+                else:
+                    parts[i].append(what.text)
+                event = await choices.next()
         except BaseException:
-            job.cancel()
+            choices.cancel()
             raise
-        return JSONResponse(_full(kind, meta, "".join(parts), event))
+        answers = [("".join(parts[i]), done[i]) for i in range(len(jobs)) for _ in range(copies)]
+        return JSONResponse(_full(kind, meta, answers))
 
     return app
 
@@ -278,34 +296,57 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _next_event(events: asyncio.Queue[Event], request: Request) -> Event:
-    """The job's next event; `_ClientGone` when the client disconnected while waiting."""
-    while True:
-        try:
-            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                raise _ClientGone from None
+class _Choices:
+    """The n choices of one request: its jobs' events, tagged with the job's index, in arrival order;
+    job i's events go to choices i·copies ... (i+1)·copies - 1."""
+
+    def __init__(self, jobs: list[Job], copies: int, events: asyncio.Queue[tuple[int, Event]], request: Request) -> None:
+        self.jobs, self.copies, self.events, self.request = jobs, copies, events, request
+
+    async def next(self) -> tuple[int, Event]:
+        """The next event of any job; `_ClientGone` when the client disconnected while waiting."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), DISCONNECT_POLL_SECONDS)
+            except asyncio.TimeoutError:
+                if await self.request.is_disconnected():
+                    raise _ClientGone from None
+
+    def indices(self, job: int) -> range:
+        return range(job * self.copies, (job + 1) * self.copies)
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()
 
 
-def _full(kind: Kind, meta: dict[str, Any], text: str, done: Finished) -> dict[str, Any]:
+def _usage(finished: list[Finished]) -> Usage:
+    """The usage of n choices: the prompt once, every choice's tokens."""
+    return Usage(finished[0].usage.prompt_tokens, sum(f.usage.completion_tokens for f in finished))
+
+
+def _full(kind: Kind, meta: dict[str, Any], answers: list[tuple[str, Finished]]) -> dict[str, Any]:
+    usage = _usage([done for _, done in answers]).to_dict()
+    choices: list[dict[str, Any]]
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": done.reason}
-        return {**meta, "object": "chat.completion", "choices": [choice], "usage": done.usage.to_dict()}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.reason}
-    return {**meta, "object": "text_completion", "choices": [choice], "usage": done.usage.to_dict()}
+        choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": done.reason} for i, (text, done) in enumerate(answers)]
+        return {**meta, "object": "chat.completion", "choices": choices, "usage": usage}
+    choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": done.reason}
+               for i, (text, done) in enumerate(answers)]
+    return {**meta, "object": "text_completion", "choices": choices, "usage": usage}
 
 
-def _chunk(kind: Kind, meta: dict[str, Any], text: str | None, finish: str | None, *, role: bool = False) -> bytes:
+def _chunk(kind: Kind, meta: dict[str, Any], index: int, text: str | None, finish: str | None, *,
+           role: bool = False) -> bytes:
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if role else \
             ({} if text is None else {"content": text})
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         body = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
     else:
         body = {**meta, "object": "text_completion",
-                "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}]}
     return _sse(body)
 
 
@@ -313,33 +354,38 @@ def _sse(body: dict[str, Any] | str) -> bytes:
     return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n".encode()
 
 
-async def _stream(job: Job, events: asyncio.Queue[Event], first: Event, kind: Kind, meta: dict[str, Any],
+async def _stream(choices: _Choices, first: tuple[int, Event], kind: Kind, meta: dict[str, Any],
                   include_usage: bool) -> AsyncIterator[bytes]:
-    """The job's events as OpenAI's stream chunks; the job is cancelled if the stream ends early (the
-    client went away and the response was cancelled)."""
-    finished = False
+    """The jobs' events as OpenAI's stream chunks, one choice per chunk (`index`), in the order they come;
+    the jobs are cancelled if the stream ends early (the client went away and the response was cancelled)."""
+    finished: dict[int, Finished] = {}
+    failed = False
     try:
         if kind == "chat":
-            yield _chunk(kind, meta, "", None, role=True)
-        event = first
+            for index in range(len(choices.jobs) * choices.copies):
+                yield _chunk(kind, meta, index, "", None, role=True)
+        job, event = first
         while True:
             if isinstance(event, Delta):
                 if event.text:
-                    yield _chunk(kind, meta, event.text, None)
+                    for index in choices.indices(job):
+                        yield _chunk(kind, meta, index, event.text, None)
             elif isinstance(event, Failed):
-                finished = True
+                failed = True
                 yield _sse(event.error.body())
                 break
             else:
-                finished = True
-                yield _chunk(kind, meta, None, event.reason)
-                if include_usage:
-                    yield _sse({**meta, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                                "choices": [], "usage": event.usage.to_dict()})
-                break
-            event = await events.get()
+                finished[job] = event
+                for index in choices.indices(job):
+                    yield _chunk(kind, meta, index, None, event.reason)
+                if len(finished) == len(choices.jobs):
+                    if include_usage:
+                        usage = _usage([finished[j] for j in sorted(finished) for _ in range(choices.copies)])
+                        yield _sse({**meta, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                                    "choices": [], "usage": usage.to_dict()})
+                    break
+            job, event = await choices.events.get()
         yield _sse("[DONE]")
     finally:
-        if not finished:
-            job.cancel()
-
+        if failed or len(finished) < len(choices.jobs):
+            choices.cancel()

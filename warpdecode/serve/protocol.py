@@ -2,7 +2,7 @@
 
 Bodies are parsed strictly: a wrong type (`"max_tokens": "5"`), a value out of range or a field the
 server does not know is a 400 that names the field, as OpenAI's own API answers. Fields of the API
-that the server accepts but cannot honour yet (`n` > 1, `logprobs`, `echo`, tools ...) are refused by
+that the server accepts but cannot honour yet (`logprobs`, `echo`, tools ...) are refused by
 name rather than ignored, so a client never gets an answer to a question it did not ask.
 
 Extension field: `speculation`, a method spec `NAME[:KEY=VALUE...]` (decoding/specs.py), picks the
@@ -97,7 +97,9 @@ class _Sampling(_Strict):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     """An extension, as in vLLM and SGLang: sample among the k most likely tokens (0 or none: all)."""
-    n: int = 1
+    n: int = Field(1, ge=1, le=128)
+    """Choices to generate: n requests' worth of work when sampling (choice i seeded `seed` + i); greedy
+    choices are one decoding copied n times."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -112,9 +114,6 @@ class _Sampling(_Strict):
 
     def check_common(self) -> None:
         """Refuse what the server accepts in the schema but cannot honour."""
-        if self.n != 1:
-            raise bad_request(f"n={self.n} is not supported yet: this server returns one choice per request (n=1)",
-                              "n")
         if self.logit_bias:
             raise bad_request("logit_bias is not supported yet", "logit_bias")
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []

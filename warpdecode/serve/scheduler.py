@@ -179,16 +179,18 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="warpdecode-scheduler", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue `job`, or raise `ApiError` 429 (queue full) / 503 (closing): never accept what cannot be held."""
+    def submit(self, *jobs: Job) -> None:
+        """Queue `jobs` (all or none), or raise `ApiError` 429 (queue full) / 503 (closing): never accept what
+        cannot be held."""
         with self._cond:
             if self._closing:
                 raise ApiError(503, "the server is shutting down", type="unavailable_error",
                                headers={"Retry-After": "5"})
-            if len(self._jobs) >= self.max_queue:
-                raise ApiError(429, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
+            if len(self._jobs) + len(jobs) > self.max_queue:
+                raise ApiError(429, f"the server's queue is full ({self.max_queue} requests waiting, "
+                               f"{len(self._jobs)} now; this request needs {len(jobs)}); retry later",
                                type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
-            self._jobs.append(job)
+            self._jobs.extend(jobs)
             self.metrics.queue_depth.set(len(self._jobs))
             self._cond.notify()
 

@@ -106,3 +106,29 @@ def test_sampling_strategies_need_sampling():
             generate(model, None, PROMPT, max_new_tokens=4, search=search)
     out = generate(model, None, PROMPT, max_new_tokens=4, do_sample=True, seed=1, num_return_sequences=3)
     assert len(out.sequences) == 3 and out.token_ids == out.sequences[0].token_ids
+
+
+def test_samples_end_at_stop_strings_and_the_batch_goes_on(tiny_model_dir):
+    """Each row ends at the token completing a stop string, its text before it; every other row is the
+    same as without stop strings up to its own end (one random stream: a row stopping early changes the
+    draws of later rows, so only rows that finish before any stop are compared whole)."""
+    from warpdecode.models.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    free = generate(model, tokenizer, "print", max_new_tokens=12, do_sample=True, seed=3, chat=False,
+                    num_return_sequences=4, stop_at_eos=False)
+    stop = free.sequences[0].text[3:5]
+    assert stop
+    out = generate(model, tokenizer, "print", max_new_tokens=12, do_sample=True, seed=3, chat=False,
+                   num_return_sequences=4, stop=stop, stop_at_eos=False)
+    first = out.sequences[0]
+    cut = free.sequences[0].text.index(stop)
+    assert first.finish_reason == "stop" and first.text == free.sequences[0].text[:cut]
+    assert tokenizer.decode(first.token_ids).find(stop) >= 0 and stop not in tokenizer.decode(first.token_ids[:-1])
+    for c in out.sequences:
+        assert (c.finish_reason == "stop") == (stop in tokenizer.decode(c.token_ids)) and stop not in c.text
+    ffs = generate(model, tokenizer, "print", max_new_tokens=12, do_sample=True, seed=3, chat=False, stop=stop,
+                   stop_at_eos=False, search=FirstFinish(n=4))
+    assert ffs.finish_reason == "stop" and ffs.stats.search_tokens == 4 * len(ffs.token_ids)
+    with pytest.raises(CapabilityError, match="takes no stop strings"):
+        generate(model, tokenizer, "print", max_new_tokens=4, num_beams=2, stop=stop, chat=False)

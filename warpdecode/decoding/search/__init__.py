@@ -1,3 +1,12 @@
 """Search and multi-candidate decoding strategies: one module each, registered on import (docs/search.md)."""
 
-from warpdecode.decoding.search import beam, best_of_n, diverse_beam, first_finish, sample  # noqa: F401
+from warpdecode.decoding.search import (  # noqa: F401
+    beam,
+    best_of_n,
+    deal,
+    diverse_beam,
+    first_finish,
+    sample,
+    superposed,
+    transfer_q,
+)

@@ -1,5 +1,5 @@
 """First Finish Search (Agarwal et al. 2025): sample n continuations in one batch and stop the whole
-batch as soon as the first one ends with a stop token; that one is the answer.
+batch as soon as the first one ends with a stop token or a stop string; that one is the answer.
 
 The bet: among samples of one reasoning prompt, the shortest finished trace is as likely to be right as
 a longer one, so waiting for all n (best-of-N) spends tokens for nothing. Tokens spent
@@ -23,7 +23,8 @@ from warpdecode.models.tokenizer import Tokenizer
 @register("search", "first_finish")
 class FirstFinish(SearchStrategy):
     needs_sampling = True
-    composes_with_speculation = False  # rows could draft, but a row's finish step would change: not built yet
+    takes_stop_strings = True
+    composes_with_speculation = False  # a drafting row finishes in fewer steps: the first to finish would change
     num_return_sequences = 1
 
     def __init__(self, n: int = 4) -> None:
@@ -32,10 +33,10 @@ class FirstFinish(SearchStrategy):
         self.n = n
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
-               max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
+               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = ()) -> SearchResult:
         result = sample_rows(model, tokenizer, prompt, sampler, self.n, max_new_tokens=max_new_tokens,
-                             stop_ids=stop_ids, stop_at_first=True)
-        finished = [c for c in result.candidates if c.finish_reason == "eos"] or result.candidates
+                             stop_ids=stop_ids, stop_at_first=True, stop_strings=stop_strings)
+        finished = [c for c in result.candidates if c.finish_reason in ("eos", "stop")] or result.candidates
         winner = max(finished, key=lambda c: c.logprob)  # first of equals: the lowest row
         winner.score = winner.logprob
         result.candidates = [winner]

@@ -33,14 +33,19 @@ class SearchStrategy(Protocol):
     needs_training: ClassVar[bool] = False
     needs_sampling: ClassVar[bool] = False
     """Whether it draws samples (needs `do_sample`); beam searches are deterministic."""
+    takes_stop_strings: ClassVar[bool] = False
+    """Whether `search` takes `stop_strings` (`generate(stop=...)`): a row ends at the token that completes
+    one, finish reason "stop", its text ending before it. `generate` refuses stop strings otherwise."""
     composes_with_speculation: ClassVar[bool] = False
-    """Whether the strategy can run its rows with a drafter (speculative decoding) and keep its output;
-    none does in this version: `generate` refuses a drafter together with a search."""
+    """Whether the strategy can run its rows with a drafter (speculative decoding) and keep its output
+    distribution: then `search` takes `method`, a builder of one row's method (`speculative_rows.py`);
+    `generate` refuses a drafter together with any other search."""
     num_return_sequences: int
     """How many candidates `search` returns."""
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
                max_new_tokens: int, stop_ids: set[int]) -> SearchResult:
         """Run the search from the prompt's token ids, at most `max_new_tokens` tokens per row (the prompt
-        plus them fit the context); `sampler` holds the sampling filters, penalties and random generator."""
+        plus them fit the context); `sampler` holds the sampling filters, penalties and random generator.
+        A strategy that `takes_stop_strings` also takes `stop_strings: tuple[str, ...] = ()`."""
         ...

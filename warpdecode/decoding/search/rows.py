@@ -82,9 +82,12 @@ def process_logprobs(logprobs: Tensor, sampler: Sampler, tokens: Tensor, prompt_
     return logprobs
 
 
-def with_text(candidates: list[Candidate], tokenizer: Tokenizer | None) -> list[Candidate]:
-    """The candidates with their text decoded (empty without a tokenizer)."""
+def with_text(candidates: list[Candidate], tokenizer: Tokenizer | None, stops: tuple[str, ...] = ()) -> list[Candidate]:
+    """The candidates with their text decoded (empty without a tokenizer); a candidate that ended at a stop
+    string (finish reason "stop") has its text end before it, as `generate`'s does."""
     if tokenizer is not None:
         for c in candidates:
             c.text = tokenizer.decode(c.token_ids)
+            if c.finish_reason == "stop":
+                c.text = c.text[: min((i for i in (c.text.find(s) for s in stops) if i >= 0), default=len(c.text))]
     return candidates

@@ -7,7 +7,8 @@ A `Scorer` maps a prompt and its candidates to one number each, higher is better
 * a program: `ProgramScorer` over the candidate's text: any callable, a regular expression
   (`regex_scorer`: 1 when it matches), or the length (`length_scorer`: shorter is better).
 
-A trained reward head or a second model fits the same protocol (score the token ids); none ships yet.
+Reward-guided searches (DeAL, Transfer Q*) add programmatic rewards here (`keyword_scorer`,
+`LengthTargetScorer`) and learned ones in `rewards.py` (a reward head, a second model).
 """
 
 from __future__ import annotations
@@ -77,3 +78,31 @@ def named_scorer(name: ScorerName, pattern: str | None = None) -> Scorer:
     if name not in scorers:
         raise ConfigError(f"unknown scorer {name!r}; choose one of: logprob, mean_logprob, regex, length")
     return scorers[name]()
+
+
+def keyword_scorer(keywords: Sequence[str]) -> ProgramScorer:
+    """The fraction of `keywords` the text contains (case-insensitive): a DeAL-style programmatic constraint,
+    partial credit for a partial continuation."""
+    wanted = [k.strip().lower() for k in keywords if k.strip()]
+    if not wanted:
+        raise ConfigError("the keyword reward needs at least one keyword (keywords=a,b,c)")
+    return ProgramScorer(lambda text: sum(k in text.lower() for k in wanted) / len(wanted))
+
+
+@dataclass(frozen=True)
+class LengthTargetScorer:
+    """Closeness to `target` new tokens: `-|length - target| / target` for a finished candidate (it ended
+    with a stop token), `-max(0, length - target) / target` for an open one (it can still reach the target)."""
+
+    target: int
+
+    def __post_init__(self) -> None:
+        if self.target < 1:
+            raise ConfigError(f"the length reward needs target_length >= 1, got {self.target}")
+
+    def score(self, prompt: list[int], candidates: Sequence[Candidate]) -> list[float]:
+        out = []
+        for c in candidates:
+            over = len(c.token_ids) - self.target
+            out.append(-(abs(over) if c.finish_reason == "eos" else max(0, over)) / self.target)
+        return out
