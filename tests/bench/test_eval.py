@@ -172,3 +172,13 @@ def test_eval_ranks_a_search_with_the_tasks_scorer(datasets, tiny_model_dir, tmp
     with pytest.raises(ConfigError, match="--scorer ranks a search"):
         commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=4, limit=1, threads=1,
                       scorer="public_tests")
+
+
+def test_eval_runs_a_decoding_rule_per_problem(datasets, tiny_model_dir, tmp_path):
+    out = tmp_path / "uscd.json"
+    commands.eval(task="humaneval", model=str(tiny_model_dir), method="uscd:threshold=1.0", max_new_tokens=4, limit=2,
+                  output=out, threads=1)
+    result = json.loads(out.read_text())
+    assert result["summary"]["method"] == "uscd:threshold=1.0"
+    assert [len(p["samples"]) for p in result["problems"]] == [1, 1]
+    assert all(0 < s["new_tokens"] <= 4 for p in result["problems"] for s in p["samples"])

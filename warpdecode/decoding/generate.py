@@ -254,6 +254,7 @@ def generate(
             raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no response_format")
         emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
                           stop_check.check if stop_check is not None else None, tokenizer)
+        rule = rule.for_prompt(prompt, lambda text: prompt_ids(model, tokenizer, text, chat=chat))
         new, finish, stats = rule.decode(model, ids, sampler, emitter)
     elif device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget

@@ -62,6 +62,14 @@ class DecodingRule(Protocol):
     needs_sampling: ClassVar[bool] = False
     """Whether it draws samples (needs `do_sample`, a random generator in the sampler)."""
 
+    def for_prompt(self, prompt: str | list[int], encode: Callable[[str | list[int]], list[int]]) -> DecodingRule:
+        """This rule for one request, which `generate()` decodes with instead of the rule itself: `prompt`
+        as the caller gave it, and `encode`, which makes the ids of a text or id prompt the way the
+        request's were made (chat template, BOS, the context check). A rule that decodes against a second
+        prompt (context-aware decoding's context-free one, USCD's lame one) returns a copy that holds its
+        ids; the default is the rule itself."""
+        return self
+
     def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
         """Decode after `prompt_ids` (which fit the context with `emit.max_new_tokens` more tokens) until
         `emit.push` says to stop."""
