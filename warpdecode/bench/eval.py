@@ -36,6 +36,7 @@ from warpdecode.data.humaneval import (
 )
 from warpdecode.decoding.engine import Method
 from warpdecode.decoding.generate import generate
+from warpdecode.decoding.rules.protocols import DecodingRule
 from warpdecode.decoding.search.protocols import SearchStrategy
 from warpdecode.errors import ConfigError
 from warpdecode.io import atomic_file
@@ -270,9 +271,11 @@ def diversity(texts_per_problem: list[list[str]]) -> dict[str, float | None]:
 
 
 def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, config: EvalConfig, *, model_name: str,
-             search: SearchStrategy | None = None, emit: Callable[[str], None] = log_line) -> EvalResult:
+             search: SearchStrategy | None = None, rule: DecodingRule | None = None,
+             emit: Callable[[str], None] = log_line) -> EvalResult:
     """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`, or
-    with the `search` strategy (best-of-N, First Finish Search...; each sample is its best candidate)."""
+    with the `search` strategy (best-of-N, First Finish Search...; each sample is its best candidate), or
+    with the decoding `rule` (AdaDec...)."""
     task = TASKS[config.task](config)
     problems = task.problems()
     n, sampling = config.num_return_sequences, config.temperature > 0
@@ -288,7 +291,7 @@ def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, confi
             out = generate(target, tokenizer, task.prompt(problem), max_new_tokens=config.max_new_tokens,
                            do_sample=sampling, temperature=config.temperature if sampling else 1.0,
                            top_k=config.top_k, top_p=config.top_p, seed=seed, chat=config.use_chat, method=method,
-                           stop=stop, num_beams=config.num_beams, search=search)
+                           stop=stop, num_beams=config.num_beams, search=search, rule=rule)
             outputs.append((out, time.perf_counter() - started, seed))
             lines.update(j * n + i + 1, correct=f"{passed}/{j * n} scored")
         scores = task.score(problem, [out.text for out, _, _ in outputs])

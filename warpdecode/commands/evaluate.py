@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from warpdecode.commands.common import _check_one, _check_output_directory, _check_threads, _load_target
-from warpdecode.commands.generate import _search_method
+from warpdecode.commands.generate import _rule_method, _search_method
 from warpdecode.models.named import DEFAULT_MODEL
 
 
@@ -222,7 +222,8 @@ def eval(
         dtype: precision of --model's weights: fp32, bf16, fp16, q8, q4 or native (see `generate --help`).
         method: decoding method NAME[:KEY=VALUE...] as in `generate --method`: a drafter (default: none,
             plain decoding, or the method a package was exported with) or a search strategy such as
-            best_of_n:n=4 or first_finish:n=4, whose best candidate is the sample (docs/search.md).
+            best_of_n:n=4 or first_finish:n=4, whose best candidate is the sample (docs/search.md), or a
+            decoding rule such as adadec:path=DIR (docs/decoding-rules.md).
         limit: the first N problems (default: all; HumanEval has 164, GSM8K's test split 1,319).
         max_new_tokens: largest number of tokens generated per sample.
         temperature: 0 for greedy decoding; > 0 samples at this temperature.
@@ -263,11 +264,11 @@ def eval(
         raise ConfigError("eval needs an autoregressive model with a tokenizer")
     if method is None:
         config = replace(config, method=default_method)
-    search = _search_method(config.method)
-    drafter = "none" if search is not None else config.method
+    search, rule = _search_method(config.method), _rule_method(config.method)
+    drafter = "none" if search is not None or rule is not None else config.method
     built = parse_method(drafter).with_defaults(drafter_options).build(do_sample=temperature > 0)
     name = str(package) if package is not None else model or DEFAULT_MODEL
-    result = run_eval(target, tokenizer, built, config, model_name=name, search=search)
+    result = run_eval(target, tokenizer, built, config, model_name=name, search=search, rule=rule)
     if output is not None:
         result.write(output)
     print(result.table())
