@@ -53,8 +53,8 @@ class EntropyThresholdModule(LightningModule):
     @property
     def threshold(self) -> float:
         """H* = -bias / weight, where the fitted P(wrong) is 0.5 (inf when the fit found no rise)."""
-        weight = float(self.weight)
-        return -float(self.bias) / weight if weight > 0 else float("inf")
+        weight = float(self.weight.detach())
+        return -float(self.bias.detach()) / weight if weight > 0 else float("inf")
 
     def forward(self, entropy: Tensor) -> Tensor:
         """(B,) entropies → (B,) logits of P(wrong)."""
@@ -90,7 +90,8 @@ class EntropyThresholdModule(LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if not isinstance(datamodule, EntropyErrorsDataModule) or datamodule.target is None:
             raise ConfigError("the adadec threshold fits on an EntropyErrorsDataModule (configs/controls/adadec.yaml)")
-        training = {"optimizer_steps": self.global_step, **dict(datamodule.hparams), **datamodule.stats,
+        data = {k: v for k, v in datamodule.hparams.items() if not k.startswith("_")}  # not the CLI's own entries
+        training = {"optimizer_steps": self.global_step, **data, **datamodule.stats,
                     "minutes": round((time.perf_counter() - self.fit_started) / 60, 2)}
         training.update(last_logged(self.trainer, VALIDATION_KEYS))
         target = DrafterPackage.describe_target(datamodule.target, datamodule.target_source)

@@ -1,0 +1,59 @@
+"""AdaDec's cost per token against greedy decoding, side by side on HumanEval prompts: each prompt is
+decoded by greedy decoding and by AdaDec in turn (completion protocol, HumanEval's stop strings).
+
+    PYTHONPATH=. python scripts/adadec_cost.py --path runs/adadec/qwen-coder --first 0 --prompts 8 --threads 1
+
+Prints per prompt the tokens, ms per token and the steps that paused (AdaDec's extra forwards /
+(lookahead - 1): a pause costs `lookahead` forwards of k rows instead of one forward of one row), then
+the medians and their ratio. The machine is a shared CPU: compare the ratio, not the milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from warpdecode.data.humaneval import STOP_SEQUENCES, humaneval_problems
+from warpdecode.decoding import registry
+from warpdecode.decoding.generate import generate
+from warpdecode.runtime.load import load_backbones
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--dtype", default="q4")
+    parser.add_argument("--path", required=True, help="the adadec package")
+    parser.add_argument("--first", type=int, default=0, help="the first HumanEval problem")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_flush_denormal(True)
+    backbones, tokenizer = load_backbones(args.model, None, ["torch"], device="cpu", dtype=args.dtype, threads=args.threads)
+    model = backbones["torch"]
+    rule = registry.build("rule", "adadec", path=args.path)
+    problems = humaneval_problems(args.first + args.prompts)[args.first :]
+    per_token: dict[str, list[float]] = {"greedy": [], "adadec": []}
+    for problem in problems:
+        row = []
+        for name, chosen in (("greedy", None), ("adadec", rule)):
+            start = time.perf_counter()
+            out = generate(model, tokenizer, problem.prompt, max_new_tokens=args.max_new_tokens, stop=STOP_SEQUENCES,
+                           rule=chosen)
+            seconds = time.perf_counter() - start
+            per_token[name].append(seconds / len(out.token_ids))
+            row.append((len(out.token_ids), 1000 * seconds / len(out.token_ids), out.stats.target_forwards))
+        (n0, ms0, _), (n1, ms1, f1) = row
+        paused = (f1 - (n1 - 1)) / (rule.lookahead - 1)
+        print(f"{problem.task_id}: greedy {n0} tokens {ms0:.0f} ms/token | adadec {n1} tokens {ms1:.0f} ms/token, "
+              f"~{paused:.0f} pauses", flush=True)
+    greedy, adadec = statistics.median(per_token["greedy"]), statistics.median(per_token["adadec"])
+    print(f"\nmedian ms/token: greedy {1000 * greedy:.0f}, adadec {1000 * adadec:.0f}, ratio {adadec / greedy:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
