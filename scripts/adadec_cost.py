@@ -1,7 +1,8 @@
 """AdaDec's cost per token against greedy decoding, side by side on HumanEval prompts: each prompt is
-decoded by greedy decoding and by AdaDec in turn (completion protocol, HumanEval's stop strings).
+decoded by greedy decoding and by AdaDec in turn (the completion protocol without a chat template,
+HumanEval's stop strings, as `warpdecode eval` runs it).
 
-    PYTHONPATH=. python scripts/adadec_cost.py --path runs/adadec/qwen-coder --first 0 --prompts 8 --threads 1
+    PYTHONPATH=. python scripts/adadec_cost.py --path runs/adadec/qwen-coder --problems 2,4,7,11 --threads 1
 
 Prints per prompt the tokens, ms per token and the steps that paused (AdaDec's extra forwards /
 (lookahead - 1): a pause costs `lookahead` forwards of k rows instead of one forward of one row), then
@@ -27,8 +28,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--dtype", default="q4")
     parser.add_argument("--path", required=True, help="the adadec package")
-    parser.add_argument("--first", type=int, default=0, help="the first HumanEval problem")
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--problems", default="0-7", help="HumanEval problem numbers: 0-7 or 2,4,7")
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -36,14 +36,16 @@ def main() -> None:
     backbones, tokenizer = load_backbones(args.model, None, ["torch"], device="cpu", dtype=args.dtype, threads=args.threads)
     model = backbones["torch"]
     rule = registry.build("rule", "adadec", path=args.path)
-    problems = humaneval_problems(args.first + args.prompts)[args.first :]
+    numbers = [int(n) for part in args.problems.split(",") for n in
+               (range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [part])]
+    problems = [humaneval_problems(max(numbers) + 1)[n] for n in numbers]
     per_token: dict[str, list[float]] = {"greedy": [], "adadec": []}
     for problem in problems:
         row = []
         for name, chosen in (("greedy", None), ("adadec", rule)):
             start = time.perf_counter()
             out = generate(model, tokenizer, problem.prompt, max_new_tokens=args.max_new_tokens, stop=STOP_SEQUENCES,
-                           rule=chosen)
+                           chat=False, rule=chosen)
             seconds = time.perf_counter() - start
             per_token[name].append(seconds / len(out.token_ids))
             row.append((len(out.token_ids), 1000 * seconds / len(out.token_ids), out.stats.target_forwards))

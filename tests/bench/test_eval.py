@@ -144,3 +144,16 @@ def test_eval_takes_a_search_strategy_or_beams(datasets, tiny_model_dir, tmp_pat
     assert result["summary"]["method"] == options.get("method", "none + num_beams=2")
     assert result["config"]["num_beams"] == options.get("num_beams", 1)
     assert 0 < sample["new_tokens"] <= 4 and result["summary"]["tokens"] == sample["new_tokens"]
+
+
+def test_eval_takes_a_decoding_rule(datasets, tiny_model_dir, tmp_path):
+    """A rule that never pauses (AdaDec at an infinite threshold) gives greedy's samples."""
+    texts = {}
+    for method in ("none", "adadec:threshold=inf"):
+        out = tmp_path / f"{method}.json"
+        commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=6, limit=2, output=out, threads=1,
+                      method=method)
+        result = json.loads(out.read_text())
+        assert result["summary"]["method"] == method
+        texts[method] = [p["samples"][0]["text"] for p in result["problems"]]
+    assert texts["adadec:threshold=inf"] == texts["none"]
