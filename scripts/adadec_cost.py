@@ -6,7 +6,7 @@ HumanEval's stop strings, as `warpdecode eval` runs it).
 
 Prints per prompt the tokens, ms per token and the steps that paused (AdaDec's extra forwards /
 (lookahead - 1): a pause costs `lookahead` forwards of k rows instead of one forward of one row), then
-the medians and their ratio. The machine is a shared CPU: compare the ratio, not the milliseconds.
+the medians over problems and rounds and their ratio. The machine is a shared CPU: compare the ratio, not the milliseconds.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--problems", default="0-7", help="HumanEval problem numbers: 0-7 or 2,4,7")
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     backbones, tokenizer = load_backbones(args.model, None, ["torch"], device="cpu", dtype=args.dtype, threads=args.threads)
@@ -40,7 +41,9 @@ def main() -> None:
                (range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [part])]
     problems = [humaneval_problems(max(numbers) + 1)[n] for n in numbers]
     per_token: dict[str, list[float]] = {"greedy": [], "adadec": []}
-    for problem in problems:
+    for chosen in (None, rule):  # warm-up: weight packing, first-call allocations
+        generate(model, tokenizer, problems[0].prompt, max_new_tokens=4, chat=False, rule=chosen)
+    for problem in problems * args.rounds:
         row = []
         for name, chosen in (("greedy", None), ("adadec", rule)):
             start = time.perf_counter()
