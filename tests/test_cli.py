@@ -209,6 +209,31 @@ def test_generate_decodes_a_diffusion_lm_under_a_commit_policy(dlm_dir, capsys):
     assert code == 2 and "temperature only" in err
 
 
+def test_generate_constrains_a_diffusion_lm(dlm_dir, tmp_path, capsys):
+    import re
+
+    for flags, valid in ((["--regex", "[0-9]{2,4}"], lambda t: re.fullmatch("[0-9]{2,4}", t)),
+                         (["--choice", "yes,no"], lambda t: t in ("yes", "no"))):
+        main(["generate", "--model", str(dlm_dir), "--prompt", "copy:ab=", "--max-new-tokens", "14", "--method",
+              "threshold:threshold=0.5", *flags, "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert valid(out["text"]) and out["finish_reason"] == "eos", out
+    grammar = tmp_path / "brackets.lark"
+    grammar.write_text('start: "(" x* ")"\nx: "(" x* ")" | "[" x* "]"')
+    main(["generate", "--model", str(dlm_dir), "--prompt", "close:([=", "--max-new-tokens", "14", "--grammar",
+          str(grammar), "--json"])
+    text = json.loads(capsys.readouterr().out)["text"]
+    assert text.startswith("(") and set(text) <= set("()[]")
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--regex", "[0-9]",
+                        "--max-new-tokens", "8", "--method", "free_draft"], capsys)
+    assert code == 2 and "takes no constraint" in err
+    schema = tmp_path / "keyed.json"  # a key needs '"', which the task alphabet lacks
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    code, _, err = run(["generate", "--model", str(dlm_dir), "--prompt", "x", "--max-new-tokens", "8",
+                        "--json-schema", str(schema)], capsys)
+    assert code == 2 and "vocabulary cannot write" in err
+
+
 def test_prompts_writes_a_prompt_set_the_recipes_read(tmp_path, capsys):
     out = tmp_path / "prompts.jsonl"
     main(["prompts", str(out), "--sources", "gsm8k_train,writing", "--max-prompts", "5"])

@@ -151,6 +151,14 @@ SEMANTIC: list[tuple[str, list[str]]] = [
                                             "--constrained_sampling", "bogus"]),
     ("generate-awrs-top-k", ["generate", "--model", "{model}", "--prompt", "hi", "--regex", "a", "--temperature", "1",
                              "--top_k", "5", "--constrained_sampling", "awrs"]),
+    ("generate-diffusion-regex-invalid", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                          "--regex", "a(b"]),
+    ("generate-diffusion-choice-empty", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                         "--choice", ","]),
+    ("generate-diffusion-constraint-own-loop", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                                "--regex", "[0-9]+", "--method", "free_draft"]),
+    ("generate-diffusion-constrained-sampling", ["generate", "--model", "{dlm}", "--prompt", "x", "--max_new_tokens", "8",
+                                                 "--regex", "a", "--constrained_sampling", "awrs"]),
     ("generate-verifier", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
                            "--verifier", "bogus"]),
     ("generate-verifier-spec", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "prompt_lookup",
@@ -201,9 +209,60 @@ SEMANTIC: list[tuple[str, list[str]]] = [
                                  "--method", "pg_td:pattern=a"]),
     ("generate-pg-td-k-0", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "pg_td:k=0:pattern=a"]),
     ("generate-pg-td-bad-pattern", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "pg_td:pattern=("]),
+    ("generate-deal-beams-over-top-k", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                        "deal:num_beams=4:top_k=2:keywords=a"]),
+    ("generate-deal-no-keywords", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "deal"]),
+    ("generate-deal-sampling", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1",
+                                "--method", "deal:keywords=a"]),
+    ("generate-deal-head-missing", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                    "deal:reward=head:path={out}/none.safetensors"]),
+    ("generate-transfer-q-no-model", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "transfer_q"]),
+    ("generate-transfer-q-alpha", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                   "transfer_q:alpha=inf:keywords=a:reward=keywords"]),
+    ("generate-superposed-k-0", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "superposed:k=0"]),
+    ("generate-superposed-corpus", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                    "superposed:corpus={out}/none.txt"]),
     ("generate-rule-option", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
                               "contrastive:penalty_alpha=7:top_k=4"]),
     ("generate-rule-greedy", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "mirostat:version=2"]),
+    ("generate-momentum-alpha", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "momentum:alpha=-1"]),
+    ("generate-momentum-resistance", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                      "momentum:resistance=square"]),
+    ("generate-momentum-top-k", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "momentum:top_k=0"]),
+    ("generate-cntp-greedy", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "cntp"]),
+    ("generate-cntp-entropy", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1", "--method",
+                               "cntp:entropy_low=2:entropy_high=1"]),
+    ("generate-cntp-trials", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1", "--method",
+                              "cntp:max_trials=0"]),
+    ("generate-momentum-sampling", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature", "1",
+                                    "--method", "momentum"]),
+    ("generate-icn-n", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "icn:n=0"]),
+    ("generate-cad-no-context", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "cad:alpha=0.5"]),
+    ("generate-cad-alpha", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "cad:alpha=-1:context=hi"]),
+    ("generate-cad-context-missing", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                      "cad:context=elephant"]),
+    ("generate-cad-unescaped-colon", ["generate", "--model", "{model}", "--prompt", "Note: hi", "--method",
+                                      "cad:context=Note: "]),
+    ("generate-cad-with-drafter", ["generate", "--model", "{model}", "--prompt", "hi there", "--method",
+                                   "cad:context=hi:controller=adaptive"]),
+    ("generate-uscd-threshold", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "uscd:threshold=2"]),
+    ("generate-uscd-beta", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "uscd:beta=nan"]),
+    ("eval-uscd-option", ["eval", "--task", "humaneval", "--model", "{model}", "--limit", "1", "--method",
+                          "uscd:plausibility=-1"]),
+    ("generate-adadec-no-threshold", ["generate", "--model", "{model}", "--prompt", "hi", "--method", "adadec"]),
+    ("generate-adadec-negative-threshold", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                            "adadec:threshold=-1"]),
+    ("generate-adadec-path-not-a-package", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                            "adadec:path={empty_dir}"]),
+    ("generate-adadec-top-k-1", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                 "adadec:threshold=1:top_k=1"]),
+    ("generate-exact-extract-empty-passage", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                              "exact_extract:begin=1000"]),
+    ("generate-exact-extract-max-length-0", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                             "exact_extract:max_length=0"]),
+    ("generate-exact-extract-penalty", ["generate", "--model", "{model}", "--prompt", "hi", "--method",
+                                        "exact_extract", "--repetition_penalty", "1.3"]),
+    ("eval-rule-option", ["eval", "--model", "{model}", "--task", "humaneval", "--method", "adadec:lookahead=0:threshold=1"]),
     ("unknown-command", ["bogus"]),
     ("bench-backends", ["bench", "--model", "{model}", "--backends", "bogus", "--out", "{out}/b"]),
     ("bench-methods", ["bench", "--model", "{model}", "--methods", "bogus", "--out", "{out}/b"]),
@@ -513,7 +572,7 @@ ALL_CASES: list[tuple[str, list[str], str]] = [
 
 
 @pytest.fixture(scope="module")
-def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def fuzz_results(tmp_path_factory: pytest.TempPathFactory, dlm_dir: Path) -> dict[str, dict[str, Any]]:
     from warpdecode.export.package import export_package
     from warpdecode.models.checkpoint import load_pretrained
 
@@ -527,7 +586,7 @@ def fuzz_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     garbage.write_bytes(os.urandom(1024))
     (root / "empty").mkdir()
     fixed = {"model": model_dir, "package": package, "garbage": garbage, "empty_dir": root / "empty",
-             "eagle": drafter, "distilled": distilled}
+             "eagle": drafter, "distilled": distilled, "dlm": dlm_dir}
 
     sources: dict[str, tuple[Path, Mutation | None]] = {}
     for name, mutate in MODEL_FILES:

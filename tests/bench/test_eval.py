@@ -181,3 +181,24 @@ def test_eval_runs_pg_td_with_the_public_tests_as_its_reward(datasets, tiny_mode
     result = json.loads(out.read_text())
     samples = [s for p in result["problems"] for s in p["samples"]]
     assert len(samples) == 2 and all(0 < s["new_tokens"] <= 12 for s in samples)  # the rollouts' tokens
+def test_eval_runs_a_decoding_rule_per_problem(datasets, tiny_model_dir, tmp_path):
+    out = tmp_path / "uscd.json"
+    commands.eval(task="humaneval", model=str(tiny_model_dir), method="uscd:threshold=1.0", max_new_tokens=4, limit=2,
+                  output=out, threads=1)
+    result = json.loads(out.read_text())
+    assert result["summary"]["method"] == "uscd:threshold=1.0"
+    assert [len(p["samples"]) for p in result["problems"]] == [1, 1]
+    assert all(0 < s["new_tokens"] <= 4 for p in result["problems"] for s in p["samples"])
+
+
+def test_eval_takes_a_decoding_rule(datasets, tiny_model_dir, tmp_path):
+    """A rule that never pauses (AdaDec at an infinite threshold) gives greedy's samples."""
+    texts = {}
+    for method in ("none", "adadec:threshold=inf"):
+        out = tmp_path / f"{method}.json"
+        commands.eval(task="humaneval", model=str(tiny_model_dir), max_new_tokens=6, limit=2, output=out, threads=1,
+                      method=method)
+        result = json.loads(out.read_text())
+        assert result["summary"]["method"] == method
+        texts[method] = [p["samples"][0]["text"] for p in result["problems"]]
+    assert texts["adadec:threshold=inf"] == texts["none"]

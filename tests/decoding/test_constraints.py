@@ -346,3 +346,12 @@ def test_asap_converges_to_the_exact_conditional(target, tokenizer):
     assert all(tuple(s) in exact for s in samples)
     after = exact_conditional(grammar.state(), next_probs, policy=asap.distribution)
     assert kl(masked, exact) > 0.3 and kl(after, exact) < 0.1 * kl(masked, exact), (kl(masked, exact), kl(after, exact))
+
+
+@pytest.mark.parametrize(("name", "sampling"), [("none", "mask"), ("prompt_lookup", "mask"), ("none", "awrs")])
+def test_a_grammar_the_vocabulary_cannot_write_is_a_config_error(target, name, sampling):
+    tokenizer = char_tokenizer("abcdefghijklmnopqrstuvwxyz0123456789{}[]ABCDEFGHIJKLMNOPQRSTUV")  # no '"'
+    keyed = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}  # `{` then a key needs '"'
+    with pytest.raises(ConfigError, match="vocabulary cannot write"):
+        generate(target, tokenizer, [5, 6], max_new_tokens=8, response_format=keyed, method=name,
+                 do_sample=sampling == "awrs", constrained_sampling=sampling)

@@ -238,3 +238,23 @@ def test_draft_budget_drafts_where_it_measured_more_tokens_per_second():
     for _ in range(10):
         budget.observe(16, True, tokens=30, seconds=0.060)  # the traffic changed: drafting got cheap
     assert budget.rate(16, True) > budget.rate(16, False) and budget.choose(16, can_draft=True) is True
+
+
+def test_a_full_row_limits_the_others_trees(target, single_thread):
+    """The step's forward pads every row to the widest tree: a row near the end of its cache row must
+    not make it overflow (the others draft smaller trees then), and every row stays exact."""
+    from warpdecode.decoding.generate import build_method
+
+    batch = ContinuousBatch(target, max_rows=2, max_len=40, stop_ids=set())
+    full, drafting = list(range(3, 33)), [5, 6, 7]
+    rows = [batch.add(full, max_new_tokens=10, sampler=Sampler(SamplingConfig())),
+            batch.add(drafting, max_new_tokens=30, sampler=Sampler(SamplingConfig()),
+                      method=build_method("oracle", options={"num_tokens": 8}))]  # 8 nodes every step
+    while batch.rows:
+        batch.step()
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+    for prompt, row, n in zip((full, drafting), rows, (10, 30), strict=True):
+        assert row.new == generate(target, None, prompt, max_new_tokens=n, stop_at_eos=False).token_ids
+    proposed = rows[1].stats.proposed_per_step
+    assert max(proposed) == 8 and min(proposed[:9]) < 8  # smaller trees while the full row was near its end

@@ -80,7 +80,8 @@ def generate(
     its options plus block_length (8), eot_stop and kv_cache (none, prefix or dual: Fast-dLLM's
     approximate reuse of keys/values within a block), --max-new-tokens is the answer region, and
     --temperature (with --seed) samples each step's candidates: `warpdecode generate --model
-    models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold:threshold=0.8`.
+    models/dlm --prompt "add:347+85=" --max-new-tokens 16 --method threshold:threshold=0.8`. A constraint
+    flag keeps its answer in the grammar: a commit is made only while the answer stays completable.
 
     Args:
         model: model directory, .gguf file, or model name (default: smollm2-135m-instruct).
@@ -177,13 +178,13 @@ def generate(
     response_format = _response_format(json_schema, regex, grammar, choice)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
     if not target.config.causal:
-        if response_format is not None:
-            raise ConfigError("a diffusion LM does not take --json-schema / --regex / --grammar / --choice yet")
         if top_k is not None or top_p is not None or min_p is not None or typical_p is not None:
             raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
+        if constrained_sampling != "mask":
+            raise ConfigError("a diffusion LM keeps a constraint by checking its commits: drop --constrained-sampling")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options, max_new_tokens,
-                            json_output, temperature, generator)
+                            json_output, temperature, generator, response_format)
         return
     search = _search_method(method)
     rule = _rule_method(method)
@@ -356,9 +357,12 @@ def _generate_spec(method: str, method_options: dict[str, Any] | None, verifier:
 
 def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: str, method: str,
                         method_options: dict[str, Any] | None, gen_length: int, json_output: bool,
-                        temperature: float, generator: torch.Generator | None) -> None:
-    """Decode a masked diffusion LM's answer under a commit policy (`--method`, default one token per step)."""
+                        temperature: float, generator: torch.Generator | None,
+                        response_format: dict[str, Any] | None) -> None:
+    """Decode a masked diffusion LM's answer under a commit policy (`--method`, default one token per step),
+    in the grammar of `response_format` when given (`decoding/diffusion/constrained.py`)."""
     from warpdecode.decoding import registry
+    from warpdecode.decoding.constraints.formats import compile_row_formats
     from warpdecode.decoding.diffusion.decoder import diffusion_generate, split_decoder_options
     from warpdecode.decoding.specs import parse_spec, spec_text
     from warpdecode.errors import ConfigError
@@ -373,13 +377,17 @@ def _generate_diffusion(model: Backbone, tokenizer: Tokenizer | None, prompt: st
     policy = registry.build("commit_policy", policy_name, **policy_options)
     if method_options is not None:
         print(_deprecated("--method-options", f"--method {spec_text(policy_name, options)}"), file=sys.stderr)
+    grammar = compile_row_formats(response_format, tokenizer, rows=1, vocab_size=model.config.vocab_size,
+                                  stop_ids={tokenizer.eos_token_id})[0]
     out = diffusion_generate(model, [tokenizer.encode(prompt)], policy, gen_length=gen_length,
                              eos_token_id=tokenizer.eos_token_id, temperature=temperature, generator=generator,
-                             **decoder)
+                             constraints=None if grammar is None else [grammar.state()], **decoder)
     text, stats = tokenizer.decode(out.answers[0]), out.stats
+    finish = "eos" if len(out.answers[0]) < gen_length else "length"
     if json_output:
-        print(json.dumps({"text": text, "token_ids": out.answers[0], "stats": {"steps": stats.steps[0],
+        print(json.dumps({"text": text, "token_ids": out.answers[0], "finish_reason": finish, "stats": {"steps": stats.steps[0],
                           "seconds": stats.seconds, "committed_per_step": [c[0] for c in stats.committed_per_step]}}))
     else:
         print(text)
-        print(f"[{len(out.answers[0])} tokens in {stats.steps[0]} steps, {stats.seconds:.3f} s]", file=sys.stderr)
+        print(f"[{len(out.answers[0])} tokens in {stats.steps[0]} steps, {stats.seconds:.3f} s, stop: {finish}]",
+              file=sys.stderr)

@@ -216,6 +216,9 @@ class ContinuousBatch:
         n = len(decoding)
         view = self.cache.rows(0, n)
         starts = view.lengths.clone()  # (n,)
+        # every row's forward is padded to the widest tree: it must fit the fullest row's room too
+        slack = self.max_len - 1 - int(starts.max())
+        max_nodes = slack if max_nodes is None else min(max_nodes, slack)
         trees = [self._draft(row, int(start), max_nodes) for row, start in zip(decoding, starts.tolist(), strict=True)]
         width = 1 + max(tree.size for tree in trees)
         device = self.target.embed.weight.device

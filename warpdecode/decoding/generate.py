@@ -231,8 +231,7 @@ def generate(
         if device_step or response_format is not None or penalty_alpha or mirostat or rule is not None:
             raise CapabilityError("a search takes no device step, response_format or decoding rule (not built yet)")
         return generate_search(model, tokenizer, ids, strategy, sampler, max_new_tokens=max_new_tokens, budget=budget,
-                               stop_ids=stops, drafter=method if isinstance(method, str) else method.drafter.name,
-                               streamer=streamer, stop_strings=texts)
+                               stop_ids=stops, method=method, streamer=streamer, stop_strings=texts)
     built = build_method(method, do_sample=do_sample) if isinstance(method, str) else method
     stream = StreamDecoder(tokenizer) if streamer is not None and tokenizer is not None else None
 
@@ -254,7 +253,8 @@ def generate(
         if constraint is not None:
             raise CapabilityError(f"{rule.name} decoding runs its own loop: it takes no response_format")
         emitter = Emitter(stops, budget, on_tokens if stream is not None else None,
-                          stop_check.check if stop_check is not None else None)
+                          stop_check.check if stop_check is not None else None, tokenizer)
+        rule = rule.for_prompt(prompt, lambda text: prompt_ids(model, tokenizer, text, chat=chat))
         new, finish, stats = rule.decode(model, ids, sampler, emitter)
     elif device_step or built.device_step:
         from warpdecode.decoding.controllers.fixed import FixedBudget
@@ -344,6 +344,8 @@ def generate_batch(
     max_new_tokens: int = 128,
     chat: bool | None = None,
     stop_at_eos: bool = True,
+    response_format: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    jump_forward: bool = True,
     **sampling: Any,
 ) -> list[GenerateOutput]:
     """Plain decoding of several prompts in one batch (one forward per step for all of them).
@@ -353,6 +355,11 @@ def generate_batch(
     sampled outputs differ from one-by-one runs with the same seed. Greedy outputs equal
     `generate()`'s up to floating-point ties (batched matmuls may round differently). Each output's
     `stats.seconds` runs from the batch's start to that prompt's last token.
+
+    `response_format` (as in `generate()`): one for every prompt, or a list of one per prompt (None: free).
+    The rows then decode as the server's continuous batch does, each constrained row with its own
+    matcher state: each row's tokens are those of `generate()` alone with its format (greedy, or sampled
+    with a seed: each row then draws from its own generator seeded with `seed`).
     """
     from warpdecode.decoding.batch import decode_batch
 
@@ -366,8 +373,19 @@ def generate_batch(
         raise ConfigError(f"generate_batch: {error}; sampling options: {', '.join(SamplingConfig.__dataclass_fields__)}") from None
     ids = [prompt_ids(model, tokenizer, p, chat=chat) for p in prompts]
     budgets = [min(max_new_tokens, model.config.max_seq_len - len(i)) for i in ids]
-    results = decode_batch(model, ids, Sampler(config, device=model.embed.weight.device), budgets=budgets,
-                           stop_ids=stop_token_ids(model, tokenizer) if stop_at_eos else set())
+    stops = stop_token_ids(model, tokenizer) if stop_at_eos else set()
+    from warpdecode.decoding.constraints.formats import compile_row_formats
+
+    grammars = compile_row_formats(response_format, tokenizer, rows=len(ids), vocab_size=model.config.vocab_size,
+                                   stop_ids=stop_token_ids(model, tokenizer))
+    if any(g is not None for g in grammars):
+        from warpdecode.decoding.constraints.rows import decode_rows
+
+        results = decode_rows(model, ids, config, budgets=budgets, grammars=grammars, stop_ids=stops,
+                              plain=lambda: build_method("none", do_sample=config.do_sample), jump_forward=jump_forward)
+    else:
+        results = decode_batch(model, ids, Sampler(config, device=model.embed.weight.device), budgets=budgets,
+                               stop_ids=stops)
     outputs = []
     for (new, finish, stats), budget in zip(results, budgets, strict=True):
         if finish == "length" and budget < max_new_tokens:

@@ -1,4 +1,4 @@
-"""Method specs `NAME[:KEY=VALUE...]`: the one way a decoding component and its options are written.
+r"""Method specs `NAME[:KEY=VALUE...]`: the one way a decoding component and its options are written.
 
 Every command that names a method takes this form: `generate --method`, `--verifier`, `--controller`,
 `bench --methods` and `regress --methods` (comma-separated lists of specs), `export --method`.
@@ -10,13 +10,15 @@ Every command that names a method takes this form: `generate --method`, `--verif
     token_recycling:step=device              run in the device-resident step (`decoding/device_step`)
     threshold:threshold=0.8:kv_cache=dual    on a diffusion LM: a commit policy and the decoder's options
 
-Values are read as int, float, `true`/`false`, `null`, or else kept as text (`model=models/draft`);
+Values are read as int, float, `true`/`false`, `null`, or else kept as text (`model=models/draft`;
+`\:` writes a colon inside one, `cad:context=Note\: the sky is green.`);
 the registry then checks each against the option's annotation, so `max_ngram=abc` is refused with the
 type it needs. Names and options are checked before any model loads (`warpdecode methods` lists them).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -67,7 +69,7 @@ def spec_text(name: str, options: Mapping[str, Any]) -> str:
 
 def parse_spec(text: str) -> tuple[str, dict[str, OptionValue]]:
     """One `NAME[:KEY=VALUE...]` spec → (name, options), not yet checked against the registry."""
-    name, *pairs = text.strip().split(":")
+    name, *pairs = re.split(r"(?<!\\):", text.strip())  # `\:` is a colon inside a value
     if not name.strip():
         raise ConfigError(f"method spec {text!r} has no name; expected {SPEC_SYNTAX}")
     options: dict[str, OptionValue] = {}
@@ -75,10 +77,11 @@ def parse_spec(text: str) -> tuple[str, dict[str, OptionValue]]:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key or not value.strip():
-            raise ConfigError(f"method spec {text!r}: {pair!r} is not KEY=VALUE; expected {SPEC_SYNTAX}")
+            raise ConfigError(f"method spec {text!r}: {pair!r} is not KEY=VALUE; expected {SPEC_SYNTAX} "
+                              "(a colon inside a value is written \\:)")
         if key in options:
             raise ConfigError(f"method spec {text!r} sets {key!r} twice")
-        options[key] = parse_value(value.strip())
+        options[key] = parse_value(value.strip().replace("\\:", ":"))
     return name.strip(), options
 
 

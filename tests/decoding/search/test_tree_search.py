@@ -9,7 +9,7 @@ from warpdecode.decoding.generate import generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.search.astar import AStar
 from warpdecode.decoding.search.pg_td import PGTD
-from warpdecode.decoding.search.scorers import ModelScorer
+from warpdecode.decoding.search.rewards import ModelScorer
 from warpdecode.errors import CapabilityError, ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -129,11 +129,11 @@ def test_model_scorer_is_the_mean_logprob_of_a_cache_free_forward():
 
     model = greedy_target()
     tokens = [[7, 8, 9, 10], [11], []]
-    scores = ModelScorer(model).score(PROMPT, [Candidate(t, "length") for t in tokens])
+    scores = ModelScorer(model, mean=True).score(PROMPT, [Candidate(t, "length") for t in tokens])
     assert scores[0] == pytest.approx(target_logprob(model, PROMPT, tokens[0]) / 4, abs=1e-5)
     assert scores[1] == pytest.approx(target_logprob(model, PROMPT, tokens[1]), abs=1e-5) and scores[2] == 0.0
     with pytest.raises(ConfigError, match="needs the target's tokenizer"):
-        ModelScorer(model).score(PROMPT, [Candidate([999], "length")])
+        ModelScorer(model, mean=True).score(PROMPT, [Candidate([999], "length")])
 
 
 def test_pg_td_first_rollout_is_greedy_and_programs_stay_in_the_top_k():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from warpdecode.decoding.constraints.llguidance_matcher import Grammar
@@ -86,3 +86,27 @@ def compile_response_format(response_format: ResponseFormat | None, tokenizer: T
     if tokenizer is None:
         raise ConfigError("response_format needs the model's tokenizer")
     return Grammar.compile(text, tokenizer, vocab_size=vocab_size, stop_ids=frozenset(stop_ids))
+
+
+def compile_row_formats(response_format: ResponseFormat | Sequence[ResponseFormat | None] | None,
+                        tokenizer: Tokenizer | None, *, rows: int, vocab_size: int,
+                        stop_ids: set[int]) -> list[Grammar | None]:
+    """One compiled grammar per row (None: a free row) from one format for every row or a list of one
+    per row (None: free); equal formats compile once."""
+    if response_format is None or isinstance(response_format, Mapping):
+        formats: list[ResponseFormat | None] = [response_format] * rows
+    elif isinstance(response_format, Sequence) and not isinstance(response_format, str):
+        formats = list(response_format)
+        if len(formats) != rows:
+            raise ConfigError(f"response_format lists {len(formats)} formats for {rows} prompts; give one per prompt")
+    else:
+        raise ConfigError(f"response_format must be an object or a list of them (one per prompt), got "
+                          f"{type(response_format).__name__}")
+    compiled: dict[str, Grammar | None] = {}
+    out = []
+    for fmt in formats:
+        key = json.dumps(fmt, sort_keys=True, default=repr) if fmt is not None else ""
+        if key not in compiled:
+            compiled[key] = compile_response_format(fmt, tokenizer, vocab_size=vocab_size, stop_ids=stop_ids)
+        out.append(compiled[key])
+    return out

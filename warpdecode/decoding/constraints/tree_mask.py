@@ -25,6 +25,7 @@ from torch import Tensor
 
 from warpdecode.decoding.constraints.protocol import Constraint, mask_words, unpack_mask
 from warpdecode.decoding.tree import DraftTree
+from warpdecode.errors import ConfigError
 
 NEG_INF = float("-inf")
 
@@ -45,7 +46,18 @@ class ConstrainedDecoding:
         """(1, V) logits after the committed tokens → the same with forbidden tokens at `-inf`."""
         bits = torch.zeros(1, self.words, dtype=torch.int32)
         self.state.fill_mask(bits[0])
+        self._check_live(bits[0])
         return _apply(logits, bits)
+
+    def _check_live(self, bits: Tensor) -> None:
+        """ConfigError where the committed tokens reach a dead end: the grammar goes on only with text no
+        token writes (llguidance then allows a stop token where the grammar does not accept)."""
+        if self.state.is_accepting():
+            return
+        allowed = unpack_mask(bits[None], self.state.vocab_size)[0]
+        allowed[sorted(self.state.stop_ids)] = False
+        if not allowed.any():
+            raise ConfigError("the response format needs characters this model's vocabulary cannot write")
 
     def commit(self, tokens: list[int]) -> list[int]:
         """Advance by emitted `tokens`; returns them up to the first stop token (inclusive).
@@ -83,6 +95,8 @@ class ConstrainedDecoding:
             if self.state.is_terminated():
                 return  # nothing follows a stop token: the row stays unmasked (unreachable)
             self.state.fill_mask(row)
+            if out == -1:
+                self._check_live(row)
             extended = False
             for child in proposed:
                 extended |= self._enter(row, tokens[child], out, children.get(child, []), walk,
@@ -118,6 +132,8 @@ class ConstrainedDecoding:
             if self.state.is_terminated():
                 return
             self.state.fill_mask(bits[node + 1])
+            if node == -1:
+                self._check_live(bits[0])
             for child in children.get(node, []):
                 if (int(bits[node + 1, tokens[child] // 32]) >> (tokens[child] % 32)) & 1 and self.state.advance([tokens[child]]):
                     walk(child)

@@ -16,7 +16,8 @@ sequence; `prefix` and `dual` reuse keys/values within a block (approximate, see
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -31,8 +32,11 @@ from warpdecode.decoding.diffusion.layout import (
     token_probs,
 )
 from warpdecode.decoding.diffusion.protocols import CommitPolicy, LoopDecoder, StepView
-from warpdecode.errors import ConfigError
+from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.models.backbone import Backbone
+
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.protocol import Constraint
 
 DECODER_DEFAULTS: dict[str, Any] = {"block_length": 8, "eot_stop": False, "kv_cache": "none"}
 """The options of `diffusion_generate` a method spec may set beside its commit policy's own."""
@@ -78,6 +82,7 @@ def diffusion_generate(
     kv_cache: str = "none",
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    constraints: Sequence[Constraint | None] | None = None,
 ) -> DiffusionOutput:
     """Decode the answers of `prompts` (token ids, no padding) under `policy`.
 
@@ -86,6 +91,8 @@ def diffusion_generate(
     `temperature`: 0 predicts each position's most likely token; above 0 each step draws every
     masked position's candidate from softmax(logits / temperature) (LLaDA's Gumbel sampling, with
     `generator`), and the policies rank candidates by their untempered probability.
+    `constraints`: one grammar state per prompt (None: a free row) whose stop tokens are `eos_token_id`;
+    a commit is kept only while the row's answer stays completable (`constrained.py`).
     """
     mask_token_id = check_diffusion_model(model)
     check_kv_reuse(kv_cache)
@@ -97,6 +104,17 @@ def diffusion_generate(
     if longest > model.config.max_seq_len:
         raise ConfigError(f"prompt + gen_length = {longest} tokens exceeds the model's context of "
                           f"{model.config.max_seq_len}")
+    guard = None
+    if constraints is not None and any(c is not None for c in constraints):
+        from warpdecode.decoding.diffusion.constrained import GrammarCommits
+
+        if len(constraints) != len(prompts):
+            raise ConfigError(f"got {len(constraints)} constraints for {len(prompts)} prompts")
+        if policy.replaces_loop:
+            name = getattr(policy, "name", type(policy).__name__)  # the registered name
+            raise CapabilityError(f"commit policy {name!r} runs its own loop: it takes no constraint")
+        guard = GrammarCommits(constraints, eos_token_id=eos_token_id, mask_token_id=mask_token_id,
+                               temperature=temperature, generator=generator)
     if policy.replaces_loop:
         decoder = cast(LoopDecoder, policy)
         decoder.prepare(model)
@@ -128,6 +146,8 @@ def diffusion_generate(
         in_block = block == current
         active = masked & in_block
         commit = policy.select(StepView(logits, predicted, confidence, active, masked, in_block, answer, stats.forwards))
+        if guard is not None:
+            commit = guard.keep(commit, tokens, masked, answer, logits)
         positions = commit.positions & masked
         if (active.any(1) & ~positions.any(1)).any():
             raise RuntimeError(f"commit policy {type(policy).__name__} made no progress on a row")

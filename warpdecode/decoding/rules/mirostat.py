@@ -17,16 +17,13 @@ step of the request's generator (llama.cpp draws from its own `std::discrete_dis
 from __future__ import annotations
 
 import math
-import time
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.outputs import DecodeStats
-from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
-from warpdecode.decoding.rules.protocols import Decoded, DecodingRule, Emitter
+from warpdecode.decoding.rules.protocols import Decoded, DecodingRule, Emitter, one_token_per_forward
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
@@ -75,31 +72,16 @@ class Mirostat(DecodingRule):
         self.version: Literal[1, 2] = version
         self.tau, self.eta, self.m = tau, eta, m
 
-    @torch.inference_mode()
     def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
-        device = target.embed.weight.device
-        target.pack_for_cpu_inference()
-        cache = target.new_cache(1, len(prompt_ids) + emit.max_new_tokens)
-        stats = DecodeStats(prompt_tokens=len(prompt_ids))
-        start = time.perf_counter()
-        logits = target(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None)).logits[:, -1]
-        tokens, mu = list(prompt_ids), 2 * self.tau
-        while True:
-            logits = sampler.penalize(logits, TokenHistory.single(tokens, len(prompt_ids))).float()
-            assert sampler.generator is not None  # needs_sampling: generate() refuses greedy decoding
-            uniform = float(torch.rand((), generator=sampler.generator, device=sampler.generator.device))
+        generator = sampler.generator
+        assert generator is not None  # needs_sampling: generate() refuses greedy decoding
+        mu = 2 * self.tau
+
+        def choose(logits: Tensor) -> int:
+            nonlocal mu
+            uniform = float(torch.rand((), generator=generator, device=generator.device))
             token, mu = mirostat_step(logits[0] / sampler.config.temperature, mu, uniform, version=self.version,
                                       tau=self.tau, eta=self.eta, m=self.m)
-            tokens.append(token)
-            if not stats.time_to_first_token:
-                stats.time_to_first_token = time.perf_counter() - start
-            if not emit.push(token):
-                break
-            logits = target(torch.tensor([[token]], device=device), cache=cache).logits[:, -1]
-            stats.target_forwards += 1
-            stats.accepted_per_step.append(0)
-            stats.proposed_per_step.append(0)
-        stats.seconds = time.perf_counter() - start
-        stats.new_tokens = len(emit.new)
-        assert emit.finish is not None
-        return emit.new, emit.finish, stats
+            return token
+
+        return one_token_per_forward(target, prompt_ids, sampler, emit, choose)

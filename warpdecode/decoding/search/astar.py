@@ -12,7 +12,7 @@ tokens). Identical children are merged, the rest are scored in one scorer call a
 The scorer is any `Scorer` (`scorers.py`); it gets the children as `Candidate`s of the whole partial
 solution (finish reason "length" while they are open). No trained process reward model exists offline:
 the shipped ones are stand-ins, the target's own mean log-probability of the partial solution
-(`mean_logprob`, no extra forward) or a second model's (`scorer=model:scorer_model=NAME`, `ModelScorer`).
+(`mean_logprob`, no extra forward) or a second model's (`scorer=model:scorer_model=NAME`, `rewards.ModelScorer`).
 
 KV: the prompt runs once; each node keeps the keys and values of its own step's tokens (all but its
 last, pending one), so an expansion writes the prompt's and its ancestors' keys and values into its rows
@@ -42,8 +42,9 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
+from warpdecode.decoding.search.rewards import ModelScorer
 from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows
-from warpdecode.decoding.search.scorers import ModelScorer, Scorer, ScorerName, named_scorer
+from warpdecode.decoding.search.scorers import Scorer, ScorerName, named_scorer
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
@@ -97,7 +98,7 @@ class AStar(SearchStrategy):
             from warpdecode.models.checkpoint import load_pretrained
 
             assert self.scorer_model is not None
-            self.scorer = ModelScorer(load_pretrained(self.scorer_model)[0])
+            self.scorer = ModelScorer(load_pretrained(self.scorer_model)[0], mean=True)
         return self.scorer
 
     @torch.inference_mode()

@@ -7,6 +7,9 @@ tokens spent (`stats.search_tokens`) are the sum of the n lengths; First Finish 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from warpdecode.decoding.engine import Method
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
@@ -22,7 +25,7 @@ from warpdecode.models.tokenizer import Tokenizer
 class BestOfN(SearchStrategy):
     needs_sampling = True
     takes_stop_strings = True
-    composes_with_speculation = False  # each row could draft and verify losslessly: not built yet
+    composes_with_speculation = True  # each row drafts and verifies on its own (speculative_rows.py)
 
     def __init__(self, n: int = 4, scorer: ScorerName | Scorer = "logprob", pattern: str | None = None) -> None:
         if not 1 <= n <= MAX_ROWS:
@@ -31,9 +34,10 @@ class BestOfN(SearchStrategy):
         self.scorer = scorer if isinstance(scorer, Scorer) else named_scorer(scorer, pattern)
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
-               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = ()) -> SearchResult:
+               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = (),
+               method: Callable[[], Method] | None = None) -> SearchResult:
         result = sample_rows(model, tokenizer, prompt, sampler, self.n, max_new_tokens=max_new_tokens,
-                             stop_ids=stop_ids, stop_strings=stop_strings)
+                             stop_ids=stop_ids, stop_strings=stop_strings, method=method)
         scores = self.scorer.score(prompt, result.candidates)
         for candidate, score in zip(result.candidates, scores, strict=True):
             candidate.score = score

@@ -7,9 +7,11 @@ with sampling n samples; anything else is single-sequence decoding (the engine).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 from warpdecode.decoding import registry
+from warpdecode.decoding.engine import Method
 from warpdecode.decoding.outputs import FinishReason, GenerateOutput
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchStrategy
@@ -54,25 +56,37 @@ def strategy_from_flags(search: SearchStrategy | None, *, do_sample: bool, num_b
     return registry.build("search", "beam", **beam)
 
 
+def _per_row(method: str | Method) -> Callable[[], Method]:
+    """A builder of one row's own method (drafters keep per-request state): by name, or a copy."""
+    if isinstance(method, Method):
+        return lambda: copy.deepcopy(method)
+    from warpdecode.decoding.generate import build_method  # generate() imports this module
+
+    return lambda: build_method(method, do_sample=True)
+
+
 def generate_search(model: Backbone, tokenizer: Tokenizer | None, ids: list[int], strategy: SearchStrategy,
-                    sampler: Sampler, *, max_new_tokens: int, budget: int, stop_ids: set[int], drafter: str,
+                    sampler: Sampler, *, max_new_tokens: int, budget: int, stop_ids: set[int], method: str | Method,
                     streamer: Callable[[str], None] | None, stop_strings: tuple[str, ...] = ()) -> GenerateOutput:
     """Run `strategy` on the prompt `ids` and return its best candidate as the output, all of them in
-    `sequences`. `budget` is `max_new_tokens` cut to the context; `drafter` the method asked for
-    (refused unless the strategy composes with speculation); `streamer` gets the best text once, at the end."""
-    if drafter != "none" and not strategy.composes_with_speculation:
-        raise CapabilityError(f"search {strategy.name!r} does not run with a drafter (method {drafter!r}); "
-                              "drop --method or the search flags")
+    `sequences`. `budget` is `max_new_tokens` cut to the context; `method` the speculative method asked
+    for (a drafter name or a built method; refused unless the strategy composes with speculation, which
+    then builds one per row: a built method is copied); `streamer` gets the best text once, at the end."""
+    drafter = method if isinstance(method, str) else method.drafter.name
+    speculative: dict[str, Callable[[], Method]] = {}
+    if drafter != "none":
+        if not strategy.composes_with_speculation:
+            raise CapabilityError(f"search {strategy.name!r} does not run with a drafter (method {drafter!r}); "
+                                  "drop --method or the search flags")
+        speculative["method"] = _per_row(method)
     if strategy.needs_sampling and not sampler.config.do_sample:
         raise CapabilityError(f"search {strategy.name!r} draws samples: give --temperature > 0 (do_sample=True)")
     if stop_strings and not strategy.takes_stop_strings:
         raise CapabilityError(f"search {strategy.name!r} takes no stop strings (best_of_n, first_finish and "
                               "sampled num_return_sequences do)")
-    if stop_strings:
-        result = strategy.search(model, tokenizer, ids, sampler, max_new_tokens=budget, stop_ids=stop_ids,
-                                 stop_strings=stop_strings)  # type: ignore[call-arg]
-    else:
-        result = strategy.search(model, tokenizer, ids, sampler, max_new_tokens=budget, stop_ids=stop_ids)
+    extra: dict[str, object] = {"stop_strings": stop_strings} if stop_strings else {}
+    result = strategy.search(model, tokenizer, ids, sampler, max_new_tokens=budget, stop_ids=stop_ids,
+                             **extra, **speculative)  # type: ignore[arg-type]
     for candidate in result.candidates:
         if candidate.finish_reason == "length" and budget < max_new_tokens:
             candidate.finish_reason = "context"

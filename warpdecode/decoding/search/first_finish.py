@@ -24,7 +24,7 @@ from warpdecode.models.tokenizer import Tokenizer
 class FirstFinish(SearchStrategy):
     needs_sampling = True
     takes_stop_strings = True
-    composes_with_speculation = False  # rows could draft, but a row's finish step would change: not built yet
+    composes_with_speculation = False  # a drafting row finishes in fewer steps: the first to finish would change
     num_return_sequences = 1
 
     def __init__(self, n: int = 4) -> None:

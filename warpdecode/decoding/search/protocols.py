@@ -37,8 +37,9 @@ class SearchStrategy(Protocol):
     """Whether `search` takes `stop_strings` (`generate(stop=...)`): a row ends at the token that completes
     one, finish reason "stop", its text ending before it. `generate` refuses stop strings otherwise."""
     composes_with_speculation: ClassVar[bool] = False
-    """Whether the strategy can run its rows with a drafter (speculative decoding) and keep its output;
-    none does in this version: `generate` refuses a drafter together with a search."""
+    """Whether the strategy can run its rows with a drafter (speculative decoding) and keep its output
+    distribution: then `search` takes `method`, a builder of one row's method (`speculative_rows.py`);
+    `generate` refuses a drafter together with any other search."""
     num_return_sequences: int
     """How many candidates `search` returns."""
 

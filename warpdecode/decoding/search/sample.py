@@ -10,16 +10,19 @@ One random generator serves the batch, so samples differ from n one-by-one runs 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from warpdecode.decoding.engine import Method
 from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
 from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
 from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, with_text
+from warpdecode.decoding.search.speculative_rows import sample_rows_speculative
 from warpdecode.decoding.stop_strings import StopStrings
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
@@ -36,11 +39,15 @@ class _Row:
 @torch.inference_mode()
 def sample_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, n: int, *,
                 max_new_tokens: int, stop_ids: set[int], stop_at_first: bool = False,
-                stop_strings: tuple[str, ...] = ()) -> SearchResult:
+                stop_strings: tuple[str, ...] = (), method: Callable[[], Method] | None = None) -> SearchResult:
     """Sample `n` continuations of `prompt` in one batch; candidates in row order (unranked, no score).
+    `method` builds a speculative method per row: then `sample_rows_speculative` runs them.
     A row ends at a stop token ("eos"), at the token that completes one of `stop_strings` in its text
     ("stop"; its text then ends before the stop string) or at the budget ("length"). With
     `stop_at_first`, the rows still open when the first row stops are cut there ("length")."""
+    if method is not None:
+        return sample_rows_speculative(model, tokenizer, prompt, sampler, n, method, max_new_tokens=max_new_tokens,
+                                       stop_ids=stop_ids, stop_at_first=stop_at_first, stop_strings=stop_strings)
     if stop_strings and tokenizer is None:
         raise ConfigError("stop strings need a tokenizer")
     start = time.perf_counter()
@@ -92,7 +99,7 @@ def sample_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int],
 class MultiSample(SearchStrategy):
     needs_sampling = True
     takes_stop_strings = True
-    composes_with_speculation = False  # each row could draft (prompt lookup) and verify losslessly: not built yet
+    composes_with_speculation = True  # each row drafts and verifies on its own (speculative_rows.py)
 
     def __init__(self, n: int = 4) -> None:
         if not 1 <= n <= MAX_ROWS:
@@ -100,8 +107,9 @@ class MultiSample(SearchStrategy):
         self.n = self.num_return_sequences = n
 
     def search(self, model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, *,
-               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = ()) -> SearchResult:
+               max_new_tokens: int, stop_ids: set[int], stop_strings: tuple[str, ...] = (),
+               method: Callable[[], Method] | None = None) -> SearchResult:
         result = sample_rows(model, tokenizer, prompt, sampler, self.n, max_new_tokens=max_new_tokens,
-                             stop_ids=stop_ids, stop_strings=stop_strings)
+                             stop_ids=stop_ids, stop_strings=stop_strings, method=method)
         result.stats.new_tokens = len(result.candidates[0].token_ids)
         return result

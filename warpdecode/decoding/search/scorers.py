@@ -7,12 +7,12 @@ A `Scorer` maps a prompt and its candidates to one number each, higher is better
 * a program: `ProgramScorer` over the candidate's text: any callable, a regular expression
   (`regex_scorer`: 1 when it matches), or the length (`length_scorer`: shorter is better).
 
-* a model: `ModelScorer`, a second model's (or the target's) mean log-probability of the candidate's
-  tokens after the prompt: the stand-in for a process reward model that A*-decoding ships, since no
-  trained one exists offline. It scores partial solutions as well as finished ones.
-
 A search over partial solutions (A*) passes each open one as a `Candidate` whose `finish_reason` is
-"length"; a trained reward head fits the same protocol (score the token ids).
+"length"; a model's mean log-probability of it (`rewards.ModelScorer`) is the process-reward stand-in
+A*-decoding ships, since no trained process reward model exists offline.
+
+Reward-guided searches (DeAL, Transfer Q*) add programmatic rewards here (`keyword_scorer`,
+`LengthTargetScorer`) and learned ones in `rewards.py` (a reward head, a second model).
 """
 
 from __future__ import annotations
@@ -22,12 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-import torch
-
 from warpdecode.decoding.outputs import Candidate
 from warpdecode.errors import ConfigError
-from warpdecode.models.backbone import Backbone
-from warpdecode.models.cache import KVCache
 
 
 @runtime_checkable
@@ -55,48 +51,6 @@ class ProgramScorer:
 
     def score(self, prompt: list[int], candidates: Sequence[Candidate]) -> list[float]:
         return [float(self.function(c.text)) for c in candidates]
-
-
-class ModelScorer:
-    """A model's log-probability of the candidate's tokens after the prompt, per token (`mean`) or summed.
-
-    A process-reward stand-in, not a trained PRM: it says how plausible the model finds the partial
-    solution, not whether it is right. `model` must share the target's tokenizer (Qwen2.5-Coder 0.5B and
-    1.5B do). The prompt runs once per prompt (its keys and values are kept); each candidate then costs
-    one forward over its own tokens.
-    """
-
-    def __init__(self, model: Backbone, mean: bool = True) -> None:
-        self.model, self.mean = model, mean
-        self._prompt: tuple[int, ...] = ()
-        self._cache: KVCache | None = None
-        self._first = torch.zeros(0)  # (V,) float32 log-probabilities after the prompt
-
-    @torch.inference_mode()
-    def score(self, prompt: list[int], candidates: Sequence[Candidate]) -> list[float]:
-        model, device = self.model, self.model.embed.weight.device
-        if self._cache is None or self._prompt != tuple(prompt):
-            self._cache = model.new_cache(1, len(prompt))
-            out = model(torch.tensor([prompt], device=device), cache=self._cache, logits_slice=slice(-1, None))
-            self._prompt, self._first = tuple(prompt), torch.log_softmax(out.logits[0, -1].float(), -1)
-        scores = []
-        for c in candidates:
-            tokens = c.token_ids
-            if not tokens:
-                scores.append(0.0)
-                continue
-            if max(tokens) >= self._first.shape[0]:
-                raise ConfigError(f"scorer model has {self._first.shape[0]} tokens; the candidate has id {max(tokens)}: "
-                                  "it needs the target's tokenizer")
-            total = float(self._first[tokens[0]])
-            if len(tokens) > 1:
-                cache = model.new_cache(1, len(prompt) + len(tokens))
-                cache.fill_from_row(self._cache)
-                logits = model(torch.tensor([tokens[:-1]], device=device), cache=cache).logits[0]  # (T - 1, V)
-                logp = torch.log_softmax(logits.float(), -1)
-                total += float(logp.gather(1, torch.tensor(tokens[1:], device=device)[:, None]).sum())
-            scores.append(total / len(tokens) if self.mean else total)
-        return scores
 
 
 def regex_scorer(pattern: str) -> ProgramScorer:
@@ -128,3 +82,31 @@ def named_scorer(name: ScorerName, pattern: str | None = None) -> Scorer:
     if name not in scorers:
         raise ConfigError(f"unknown scorer {name!r}; choose one of: logprob, mean_logprob, regex, length")
     return scorers[name]()
+
+
+def keyword_scorer(keywords: Sequence[str]) -> ProgramScorer:
+    """The fraction of `keywords` the text contains (case-insensitive): a DeAL-style programmatic constraint,
+    partial credit for a partial continuation."""
+    wanted = [k.strip().lower() for k in keywords if k.strip()]
+    if not wanted:
+        raise ConfigError("the keyword reward needs at least one keyword (keywords=a,b,c)")
+    return ProgramScorer(lambda text: sum(k in text.lower() for k in wanted) / len(wanted))
+
+
+@dataclass(frozen=True)
+class LengthTargetScorer:
+    """Closeness to `target` new tokens: `-|length - target| / target` for a finished candidate (it ended
+    with a stop token), `-max(0, length - target) / target` for an open one (it can still reach the target)."""
+
+    target: int
+
+    def __post_init__(self) -> None:
+        if self.target < 1:
+            raise ConfigError(f"the length reward needs target_length >= 1, got {self.target}")
+
+    def score(self, prompt: list[int], candidates: Sequence[Candidate]) -> list[float]:
+        out = []
+        for c in candidates:
+            over = len(c.token_ids) - self.target
+            out.append(-(abs(over) if c.finish_reason == "eos" else max(0, over)) / self.target)
+        return out
