@@ -181,6 +181,8 @@ def test_eval_runs_pg_td_with_the_public_tests_as_its_reward(datasets, tiny_mode
     result = json.loads(out.read_text())
     samples = [s for p in result["problems"] for s in p["samples"]]
     assert len(samples) == 2 and all(0 < s["new_tokens"] <= 12 for s in samples)  # the rollouts' tokens
+
+
 def test_eval_runs_a_decoding_rule_per_problem(datasets, tiny_model_dir, tmp_path):
     out = tmp_path / "uscd.json"
     commands.eval(task="humaneval", model=str(tiny_model_dir), method="uscd:threshold=1.0", max_new_tokens=4, limit=2,
