@@ -138,10 +138,7 @@ class AdaDec(DecodingRule):
             logits = after[None]
             stats.accepted_per_step.append(0)  # one token per decision: τ = 1, as plain decoding
             stats.proposed_per_step.append(0)
-        stats.seconds = time.perf_counter() - start
-        stats.new_tokens = len(emit.new)
-        assert emit.finish is not None
-        return emit.new, emit.finish, stats
+        return emit.decoded(stats, start)
 
     def _rerank(self, target: Backbone, rows: KVCache, ids: Tensor, logprobs: Tensor, steps: int,
                 stops: Tensor) -> tuple[int, Tensor]:

@@ -136,10 +136,7 @@ class CautiousNextToken(DecodingRule):
                 stats.target_forwards += 1
             stats.accepted_per_step += [0] * len(chosen)
             stats.proposed_per_step += [0] * len(chosen)
-        stats.seconds = time.perf_counter() - start
-        stats.new_tokens = len(emit.new)
-        assert emit.finish is not None
-        return emit.new, emit.finish, stats
+        return emit.decoded(stats, start)
 
     def _trials(self, target: Backbone, cache: KVCache, tokens: list[int], prompt_len: int, probs: Tensor, n: int,
                 budget: int, marks: frozenset[int], sampler: Sampler, stop_ids: set[int],

@@ -98,7 +98,4 @@ class ContrastiveSearch(DecodingRule):
             stats.proposed_per_step.append(0)
             if not emit.push(token):
                 break
-        stats.seconds = time.perf_counter() - start
-        stats.new_tokens = len(emit.new)
-        assert emit.finish is not None
-        return emit.new, emit.finish, stats
+        return emit.decoded(stats, start)

@@ -145,7 +145,4 @@ class ExactExtract(DecodingRule):
                 break
         stats.accepted_per_step.extend([0] * stats.target_forwards)
         stats.proposed_per_step.extend([0] * stats.target_forwards)
-        stats.seconds = time.perf_counter() - start
-        stats.new_tokens = len(emit.new)
-        assert emit.finish is not None
-        return emit.new, emit.finish, stats
+        return emit.decoded(stats, start)

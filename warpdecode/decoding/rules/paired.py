@@ -61,7 +61,4 @@ def decode_paired(target: Backbone, prompt_ids: list[int], contrast_ids: list[in
         stats.target_forwards += 1  # one forward of both rows
         stats.accepted_per_step.append(0)
         stats.proposed_per_step.append(0)
-    stats.seconds = time.perf_counter() - start
-    stats.new_tokens = len(emit.new)
-    assert emit.finish is not None
-    return emit.new, emit.finish, stats
+    return emit.decoded(stats, start)

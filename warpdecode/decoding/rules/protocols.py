@@ -40,6 +40,14 @@ class Emitter:
     new: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
 
+    def decoded(self, stats: DecodeStats, start: float) -> Decoded:
+        """What a rule's loop returns once `push` said to stop: the tokens, the finish reason and `stats`
+        with its time since `start` (`time.perf_counter()`) and its token count."""
+        stats.seconds = time.perf_counter() - start
+        stats.new_tokens = len(self.new)
+        assert self.finish is not None
+        return self.new, self.finish, stats
+
     def push(self, token: int) -> bool:
         """Take the next token; False once decoding has ended (a stop string wins over a stop token)."""
         self.new.append(token)
@@ -103,7 +111,4 @@ def one_token_per_forward(target: Backbone, prompt_ids: list[int], sampler: Samp
             stats.target_forwards += 1
             stats.accepted_per_step.append(0)
             stats.proposed_per_step.append(0)
-    stats.seconds = time.perf_counter() - start
-    stats.new_tokens = len(emit.new)
-    assert emit.finish is not None
-    return emit.new, emit.finish, stats
+    return emit.decoded(stats, start)
