@@ -13,11 +13,12 @@ from warpdecode.models.tokenizer import train_bpe
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def brute_force(model, prompt, passage, max_length, stops):
-    """(span, score) maximising log p(span) + log p(any stop | span) over every span of `passage`."""
+def brute_force(model, prompt, passage, max_length, stops, starts=None):
+    """(span, score) maximising log p(span) + log p(any stop | span) over every span of `passage` (that
+    starts at one of `starts`, default any)."""
     best, best_span = float("-inf"), None
     with torch.inference_mode():
-        for i in range(len(passage)):
+        for i in range(len(passage)) if starts is None else starts:
             for j in range(i + 1, min(i + max_length, len(passage)) + 1):
                 span = passage[i:j]
                 logprobs = torch.log_softmax(model(torch.tensor([prompt + span])).logits[0].float(), dim=-1)
@@ -72,3 +73,34 @@ def test_refusals():
     for options in ({"max_length": 0}, {"max_length": 8, "chunk": 4}):
         with pytest.raises(ConfigError, match="max_length >= 1"):
             registry.build("rule", "exact_extract", **options)
+
+
+def test_spans_start_at_content_tokens_when_the_text_is_known():
+    """With a tokenizer a span never starts at a token without a letter or digit (a bare "." or space);
+    `content_start=False` searches every start, as without a tokenizer."""
+    from tiny_models import id_tokenizer
+
+    model = greedy_target()
+    prompt = [3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
+    stops = [22, 46]
+    tokenizer = id_tokenizer(64)
+    every = generate(model, None, prompt, max_new_tokens=16, eos_token_id=stops,
+                     rule=registry.build("rule", "exact_extract", max_length=4))
+    blank = {every.token_ids[0]}
+
+    class Blanks:  # the id tokenizer, with the best span's first token written as a space
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def decode(self, ids):
+            return " " if list(ids) and set(ids) <= blank else tokenizer.decode(ids)
+
+    content = generate(model, Blanks(), prompt, max_new_tokens=16, eos_token_id=stops,
+                       rule=registry.build("rule", "exact_extract", max_length=4))
+    assert content.token_ids[0] not in blank
+    span, _ = brute_force(model, prompt, prompt, 4, stops, starts=[
+        i for i, t in enumerate(prompt) if t not in blank])
+    assert content.token_ids[:-1] == span
+    anywhere = generate(model, Blanks(), prompt, max_new_tokens=16, eos_token_id=stops,
+                        rule=registry.build("rule", "exact_extract", max_length=4, content_start=False))
+    assert anywhere.token_ids == every.token_ids

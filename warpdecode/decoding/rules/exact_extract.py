@@ -24,6 +24,7 @@ log-probabilities: penalties and logits hooks are refused, not dropped.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -86,16 +87,20 @@ def best_span(first: Tensor, following: Tensor, ending: Tensor, lengths: list[in
 
 @register("rule", "exact_extract")
 class ExactExtract(DecodingRule):
-    def __init__(self, max_length: int = 16, begin: int = 0, end: int | None = None, chunk: int = 256) -> None:
+    def __init__(self, max_length: int = 16, begin: int = 0, end: int | None = None, chunk: int = 256,
+                 content_start: bool = True) -> None:
         """Args:
         max_length: longest answer span, in tokens.
         begin: the passage's first prompt token (negative: from the prompt's end).
         end: the prompt token after the passage (default: the prompt's end; negative: from the end).
         chunk: tree nodes (span tokens) scored per forward.
+        content_start: with a tokenizer, spans start only at a token whose text holds a letter or a digit
+            (a bare "." or space is a likely but empty answer); all starts when none does.
         """
         if max_length < 1 or chunk < max_length:
             raise ConfigError(f"exact_extract needs max_length >= 1 and chunk >= max_length, got {max_length} and {chunk}")
         self.max_length, self.begin, self.end, self.chunk = max_length, begin, end, chunk
+        self.content_start = content_start
 
     @torch.inference_mode()
     def decode(self, target: Backbone, prompt_ids: list[int], sampler: Sampler, emit: Emitter) -> Decoded:
@@ -113,7 +118,11 @@ class ExactExtract(DecodingRule):
         target.pack_for_cpu_inference()
         room = target.config.max_seq_len - len(prompt_ids)
         longest = max(1, min(self.max_length, emit.max_new_tokens - 1, room, self.chunk))
-        windows = [passage[i : i + longest] for i in range(len(passage))]
+        starts: Sequence[int] = range(len(passage))
+        if self.content_start and emit.tokenizer is not None:
+            tokenizer = emit.tokenizer
+            starts = [i for i in starts if any(ch.isalnum() for ch in tokenizer.decode([passage[i]]))] or starts
+        windows = [passage[i : i + longest] for i in starts]
         cache = target.new_cache(1, len(prompt_ids) + min(self.chunk, room))
         stops = torch.tensor(sorted(emit.stop_ids), device=device)
         stats = DecodeStats(prompt_tokens=len(prompt_ids))
