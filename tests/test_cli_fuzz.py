@@ -278,6 +278,8 @@ SEMANTIC: list[tuple[str, list[str]]] = [
     ("eval-no-task", ["eval", "--model", "{model}"]),
     ("eval-limit-0", ["eval", "--model", "{model}", "--task", "gsm8k", "--limit", "0"]),
     ("eval-scorer", ["eval", "--model", "{model}", "--task", "humaneval", "--scorer", "bogus"]),
+    ("eval-offset-negative", ["eval", "--model", "{model}", "--task", "humaneval", "--offset", "-1"]),
+    ("eval-offset-past-the-set", ["eval", "--model", "{model}", "--task", "gsm8k", "--offset", "100000"]),
     ("eval-scorer-without-search", ["eval", "--model", "{model}", "--task", "humaneval", "--limit", "1",
                                     "--scorer", "public_tests"]),
     ("eval-samples-greedy", ["eval", "--model", "{model}", "--task", "humaneval", "--num_return_sequences", "2"]),

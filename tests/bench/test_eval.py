@@ -102,6 +102,7 @@ def test_diversity_of_samples():
     ({"task": "gsm8k", "limit": 0}, "--limit"),
     ({"task": "humaneval", "timeout": 0}, "--timeout"),
     ({"task": "gsm8k", "scorer": "public_tests"}, "--scorer"),
+    ({"task": "gsm8k", "offset": -1}, "--offset"),
     ({"task": "humaneval", "scorer": "hidden_tests"}, "--scorer"),
 ])
 def test_bad_configurations_are_refused(options, message):
@@ -204,3 +205,10 @@ def test_eval_takes_a_decoding_rule(datasets, tiny_model_dir, tmp_path):
         assert result["summary"]["method"] == method
         texts[method] = [p["samples"][0]["text"] for p in result["problems"]]
     assert texts["adadec:threshold=inf"] == texts["none"]
+
+
+def test_offset_and_limit_take_a_slice_of_the_set(datasets):
+    assert [p.task_id for p in HumanEvalTask(EvalConfig(task="humaneval", offset=1)).problems()] == ["Fake/1"]
+    assert [p.question for p in GSM8KTask(EvalConfig(task="gsm8k", offset=0, limit=1)).problems()] == ["What is 2 + 2?"]
+    with pytest.raises(ConfigError, match="--offset 2 is past"):
+        HumanEvalTask(EvalConfig(task="humaneval", offset=2)).problems()

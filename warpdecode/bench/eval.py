@@ -59,6 +59,8 @@ class EvalConfig:
     task: str
     method: str = "none"
     limit: int | None = None
+    offset: int = 0
+    """Skip the set's first `offset` problems (then take `limit`)."""
     num_return_sequences: int = 1
     """Samples per problem, from independent `generate()` calls."""
     num_beams: int = 1
@@ -82,6 +84,8 @@ class EvalConfig:
             raise ConfigError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if self.offset < 0:
+            raise ConfigError(f"--offset must be >= 0, got {self.offset}")
         if self.num_return_sequences < 1:
             raise ConfigError(f"--num-return-sequences must be >= 1, got {self.num_return_sequences}")
         if self.num_beams < 1:
@@ -147,6 +151,14 @@ class Task(ABC):
     def problems(self) -> list[Any]:
         ...
 
+    def window(self, problems: list[Any]) -> list[Any]:
+        """`config.limit` problems from `config.offset` on (ConfigError when none is left)."""
+        end = None if self.config.limit is None else self.config.offset + self.config.limit
+        chosen = problems[self.config.offset : end]
+        if not chosen:
+            raise ConfigError(f"--offset {self.config.offset} is past the set's {len(problems)} problems")
+        return chosen
+
     @abstractmethod
     def problem_id(self, problem: Any) -> str:
         ...
@@ -178,7 +190,7 @@ class HumanEvalTask(Task):
     scorers = ("public_tests",)
 
     def problems(self) -> list[HumanEvalProblem]:
-        return humaneval_problems(self.config.limit)
+        return self.window(humaneval_problems())
 
     def problem_id(self, problem: HumanEvalProblem) -> str:
         return problem.task_id
@@ -238,7 +250,7 @@ class GSM8KTask(Task):
     metric = "accuracy"
 
     def problems(self) -> list[GSM8KProblem]:
-        return gsm8k_problems(self.config.limit)
+        return self.window(gsm8k_problems())
 
     def problem_id(self, problem: GSM8KProblem) -> str:
         return problem.id
@@ -321,7 +333,7 @@ def diversity(texts_per_problem: list[list[str]]) -> dict[str, float | None]:
 def run_eval(target: Backbone, tokenizer: Tokenizer, method: str | Method, config: EvalConfig, *, model_name: str,
              search: SearchStrategy | None = None, rule: DecodingRule | None = None,
              emit: Callable[[str], None] = log_line) -> EvalResult:
-    """Generate and score every sample of `config.task`'s first `config.limit` problems with `method`, or
+    """Generate and score every sample of `config.task`'s `config.limit` problems from `config.offset` with `method`, or
     with the `search` strategy (best-of-N, First Finish Search...; each sample is its best candidate;
     `config.scorer` gives it the task's scorer of each problem), or the decoding `rule`."""
     task = TASKS[config.task](config)

@@ -205,6 +205,7 @@ def eval(
     output: Path | None = None,
     threads: int | None = None,
     scorer: str | None = None,
+    offset: int = 0,
 ) -> None:
     """Evaluate a decoding method on HumanEval (pass@k, programs run in a sandbox) or GSM8K (accuracy).
 
@@ -241,6 +242,7 @@ def eval(
         workers: HumanEval programs run at once.
         output: JSON file for the configuration, the summary and every sample.
         threads: CPU threads for torch (default: torch's choice).
+        offset: skip the first N problems (with --limit: a slice of the set, e.g. --offset 40 --limit 40).
         scorer: rank a search's candidates with the task's scorer of each problem instead of the
             search's own: public_tests (humaneval: the fraction of the docstring's examples a candidate
             passes in the sandbox, ties by mean token probability; the hidden tests stay unseen).
@@ -260,7 +262,8 @@ def eval(
     config = EvalConfig(task=task, method=method or "none", limit=limit, num_return_sequences=num_return_sequences,
                         num_beams=num_beams, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, seed=seed,
-                        chat=chat, timeout=timeout, workers=workers, scorer=scorer)
+                        chat=chat, timeout=timeout, workers=workers, scorer=scorer,
+                        offset=offset)
     if threads is not None:
         torch.set_num_threads(threads)
     target, tokenizer, drafter_options, default_method = _load_target(model, package, backend, device, threads, dtype)
