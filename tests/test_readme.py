@@ -124,6 +124,6 @@ def test_methods_named_in_the_readme_are_registered():
     named = set(re.findall(r'--method (\w+)|method="(\w+)"|build_method\("(\w+)"', readme))
     names = {name for group in named for name in group if name}
     assert {"prompt_lookup", "int4_self", "draft_model"} <= names
-    assert names <= {name for kind in ("drafter", "commit_policy", "search") for name in registry.names(kind)}
+    assert names <= {name for kind in ("drafter", "commit_policy", "search", "rule") for name in registry.names(kind)}
     assert set(re.findall(r"--verifier (\w+)", readme)) <= set(registry.names("verifier"))
     assert set(re.findall(r"--controller (\w+)", readme)) <= set(registry.names("controller"))
