@@ -346,3 +346,19 @@ def initialised_drafter(module):
     counts = torch.ones(module.target.config.vocab_size)
     module.init_drafter(frequent_tokens(counts, module.hparams["draft_vocab_size"], list(module.target.config.eos_token_ids)))
     return module
+
+
+JSON_ALPHABET = '{}[]":,.-+ 0123456789abcdefghijklmnopqrstuvwxyz'
+JSON_ALPHABET += "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: 62 - len(JSON_ALPHABET)]
+"""62 characters enough for JSON, regexes and choices: with its two special tokens, `greedy_target`'s 64."""
+
+
+def json_char_pair():
+    """(greedy_target, a character tokenizer of `JSON_ALPHABET`): a model and tokenizer for grammar tests."""
+    from warpdecode.models.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer(JSON_ALPHABET)
+    model = greedy_target()
+    assert tokenizer.vocab_size == model.config.vocab_size == 64
+    return model, tokenizer
+

@@ -1,16 +1,13 @@
 """`generate_batch` with a response format per row: each row decodes exactly as `generate()` alone."""
 
 import pytest
-from tiny_models import greedy_target
+from tiny_models import json_char_pair
 
 from warpdecode.decoding.generate import generate, generate_batch
 from warpdecode.errors import ConfigError
-from warpdecode.models.tokenizer import char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-ALPHABET = '{}[]":,.-+ 0123456789abcdefghijklmnopqrstuvwxyz'
-ALPHABET += "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: 62 - len(ALPHABET)]
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
           "required": ["n", "ok"], "additionalProperties": False}
 JSON = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}
@@ -20,15 +17,18 @@ PROMPTS = ['{"n":1,"ok":true} {"n":', "abc-12 ab", "x,yz,x,3", "alpha be"]
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return char_tokenizer(ALPHABET)
+def pair():
+    return json_char_pair()
 
 
 @pytest.fixture(scope="module")
-def target(tokenizer):
-    model = greedy_target()
-    assert tokenizer.vocab_size == model.config.vocab_size == 64
-    return model
+def tokenizer(pair):
+    return pair[1]
+
+
+@pytest.fixture(scope="module")
+def target(pair):
+    return pair[0]
 
 
 def alone(target, tokenizer, prompt: str, fmt, **options):

@@ -7,7 +7,7 @@ import re
 import jsonschema
 import pytest
 import torch
-from tiny_models import greedy_target, tv
+from tiny_models import json_char_pair, tv
 
 from warpdecode.decoding import registry
 from warpdecode.decoding.constraints.formats import compile_response_format
@@ -20,8 +20,6 @@ from warpdecode.models.tokenizer import char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-ALPHABET = '{}[]":,.-+ 0123456789abcdefghijklmnopqrstuvwxyz'
-ALPHABET += "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: 62 - len(ALPHABET)]
 """62 characters: with the two special tokens, one token per id of the 64-token tiny target."""
 
 SCHEMA = {"type": "object",
@@ -38,15 +36,18 @@ PROMPTS = ['{"n":1,"tag":"ab","ok":true,"s":"ab"} {"n":1,', "abc-12 ab", "x,yz,x
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return char_tokenizer(ALPHABET)
+def pair():
+    return json_char_pair()
 
 
 @pytest.fixture(scope="module")
-def target(tokenizer):
-    model = greedy_target()
-    assert tokenizer.vocab_size == model.config.vocab_size == 64
-    return model
+def tokenizer(pair):
+    return pair[1]
+
+
+@pytest.fixture(scope="module")
+def target(pair):
+    return pair[0]
 
 
 def naive_constrained_greedy(model, tokenizer, prompt: list[int], response_format, n: int) -> list[int]:
