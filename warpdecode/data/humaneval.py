@@ -104,6 +104,7 @@ def public_tests(problem: HumanEvalProblem) -> list[PublicTest]:
     literal is left out (e.g. "f(x) -> 19 - 5 - 6 = 8" keeps 8: the value after the last "=").
     These are the examples a model sees in its prompt, not the hidden tests `check_program` runs."""
     tests: list[PublicTest] = []
+    known = _known_names(problem.prompt)
     lines = _docstring(problem.prompt).splitlines()
     i = 0
     while i < len(lines):
@@ -115,13 +116,13 @@ def public_tests(problem: HumanEvalProblem) -> list[PublicTest]:
             while i < len(lines) and lines[i].strip() and not lines[i].strip().startswith(">>>"):
                 output.append(lines[i].strip())
                 i += 1
-            _add(tests, call, " ".join(output) if output else None, problem)
+            _add(tests, call, " ".join(output) if output else None, known)
             continue
         if line.startswith(problem.entry_point + "("):
             end = _call_end(line)
             found = _ARROWS.match(line[end:]) if end else None
             if found:
-                _add(tests, line[:end], found.group(1), problem)
+                _add(tests, line[:end], found.group(1), known)
         i += 1
     return tests
 
@@ -180,18 +181,24 @@ def public_test_fraction(stdout: str, count: int) -> float:
     return passed / count if count else 0.0
 
 
-def _add(tests: list[PublicTest], call: str, expected: str | None, problem: HumanEvalProblem) -> None:
-    """Append the test when `call` is an expression over the prompt's own names and builtins and
+def _known_names(prompt: str) -> set[str]:
+    """The names an example's call may use: builtins, and the prompt's own functions, classes, globals
+    and imports."""
+    known = set(dir(builtins)) | {name for pair in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", prompt, re.MULTILINE)
+                                  for name in pair if name}
+    known |= {name for line in prompt.splitlines() if line.startswith(("import ", "from "))
+              for name in re.findall(r"\w+", line.split(" import ")[-1] if " import " in line else line[7:])}
+    return known
+
+
+def _add(tests: list[PublicTest], call: str, expected: str | None, known: set[str]) -> None:
+    """Append the test when `call` is an expression over the `known` names (`_known_names`) and
     `expected` a literal (true/false as Python's; for "a = b = c" text, the part after the last "=").
     A doctest without output expects None from a call, True from a comparison (`>>> f(x) == y`)."""
     try:
         tree = ast.parse(call, mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return
-    known = set(dir(builtins)) | {name for pair in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", problem.prompt, re.MULTILINE)
-              for name in pair if name}
-    known |= {name for line in problem.prompt.splitlines() if line.startswith(("import ", "from "))
-              for name in re.findall(r"\w+", line.split(" import ")[-1] if " import " in line else line[7:])}
     if any(isinstance(node, ast.Name) and node.id not in known for node in ast.walk(tree)):
         return  # prose, e.g. "is_happy(a) => False"
     if expected is None:
