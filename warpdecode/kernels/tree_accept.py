@@ -115,10 +115,10 @@ def greedy_tree_accept(tokens: Tensor, best: Tensor, valid: Tensor, tables: Tree
     ok = ~(tables.ancestors & ~correct[None, :]).any(1)  # (N,) every node from depth 1 to here correct
     leaf = ok & ~(tables.children & ok[None, :]).any(1)  # (N,) ...and no correct child
     key = torch.where(leaf, tables.preorder, n)  # (N,)
-    node = key.argmin()  # () the walk's end, when one exists
+    node = key.argmin().view(1)  # (1,) the walk's end, when one exists (index_select: no host read)
     has = key.min() < n  # ()
-    accepted = torch.where(has, tables.depths[node], 0)
-    on_path = tables.ancestors[node] & has  # (N,)
+    accepted = torch.where(has, tables.depths.index_select(0, node)[0], 0)
+    on_path = tables.ancestors.index_select(0, node)[0] & has  # (N,)
     rows = torch.zeros(tables.max_depth + 1, dtype=torch.int64, device=best.device)
     rows.scatter_(0, torch.where(on_path, tables.depths, 0),
                   torch.where(on_path, torch.arange(1, n + 1, device=best.device), 0))

@@ -14,12 +14,14 @@ from typing import Any
 
 import torch
 
+from warpdecode.decoding.device_step.graphs import StepSession, session
 from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
 from warpdecode.decoding.device_step.step import DeviceStep
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.errors import CapabilityError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
+from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
 _FORMS: weakref.WeakKeyDictionary[Any, DeviceDrafter] = weakref.WeakKeyDictionary()
 
@@ -61,6 +63,8 @@ def run_device(
         max_nodes: most valid draft nodes per step (the engine's `Method.max_tree_nodes`).
         static: run every forward row of the static tree (the capturable step); None: on every
             device but the CPU, where the eager form runs the drafted rows only (`DeviceStep.verify`).
+            On the `cudagraphs` backend the static step always runs, on buffers that last across
+            requests, `read_every` steps captured as one CUDA graph (`graphs.StepSession`).
         read_every: steps between reads of the `done` flag (static steps; the eager form reads every step).
         on_tokens: receives the new tokens at each read.
 
@@ -76,26 +80,42 @@ def run_device(
     drafter.prepare(model.config.vocab_size, device)
     n = len(prompt_ids)
     config = model.config
-    cache = KVCache(config.n_layer, 1, config.kv_head_count, n + max_new_tokens + drafter.tree.width,
-                    config.head_width, dtype=model.embed.weight.dtype, device=device)
-    stop = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
+    needed = n + max_new_tokens + drafter.tree.width
+    steps: StepSession | None = None
+    if isinstance(target, CudaGraphBackbone):  # buffers (and graphs) that last across requests
+        steps = session(target, drafter, needed=needed, stops=len(stop_ids), max_nodes=max_nodes,
+                        read_every=read_every)
+        cache = steps.cache
+        cache.truncate(0)
+        static = True
+    else:
+        cache = KVCache(config.n_layer, 1, config.kv_head_count, needed, config.head_width,
+                        dtype=model.embed.weight.dtype, device=device)
+    stops = sorted(stop_ids)
     stats = DecodeStats(prompt_tokens=n)
     start = time.perf_counter()
     out = model(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None))
     pending = out.logits[:, -1].argmax(-1)  # (1,)
-    state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=drafter.tree.width,
-                              stop_ids=stop)
+    if steps is not None:
+        steps.start(prompt_ids, pending, max_new_tokens=max_new_tokens, stop_ids=stops)
+        state, step = steps.state, steps.step
+    else:
+        stop = torch.tensor(stops, dtype=torch.int64, device=device)
+        state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=drafter.tree.width,
+                                  stop_ids=stop)
+        step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes)
     read = 0
     if on_tokens is not None:
         on_tokens([int(pending[0])])
         read = 1
     stats.time_to_first_token = time.perf_counter() - start
     drafter.update(state.history[n - 1 : n], out.logits[0], torch.ones(1, dtype=torch.bool, device=device))
-    step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes)
     first_row = torch.zeros(1, dtype=torch.int64, device=device)
     loop_start = time.perf_counter()
     while not bool(state.done):
-        if static:
+        if steps is not None:
+            steps.run()
+        elif static:
             for _ in range(read_every):
                 step()
         else:

@@ -24,26 +24,47 @@ class DeviceState:
     new: Tensor  # () int64, tokens emitted so far, the first (from the prefill) included
     done: Tensor  # () bool, a stop token was emitted or `max_new_tokens` reached
     steps: Tensor  # () int64, verify forwards run
-    accepted: Tensor  # (max_new_tokens,) int64, draft tokens accepted at each forward
-    proposed: Tensor  # (max_new_tokens,) int64, depth of the drafted (valid) nodes at each forward
-    prompt_len: int
-    max_new_tokens: int
+    limit: Tensor  # () int64, `max_new_tokens` on the device (a captured step reads it there)
+    accepted: Tensor  # (M,) int64, draft tokens accepted at each forward (M >= max_new_tokens)
+    proposed: Tensor  # (M,) int64, depth of the drafted (valid) nodes at each forward
+    prompt_len: int = 0
+    max_new_tokens: int = 0
+
+    @classmethod
+    def allocate(cls, capacity: int, device: torch.device | str) -> DeviceState:
+        """Buffers for any request with prompt + max_new_tokens + tree width <= `capacity`; `reset`
+        fills them. The same buffers serve request after request, so a graph captured on them replays."""
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(zeros(capacity), zeros(1), zeros(), zeros(dtype=torch.bool), zeros(), zeros(), zeros(capacity),
+                   zeros(capacity))
+
+    def reset(self, prompt_ids: list[int], pending: Tensor, *, max_new_tokens: int, stop_ids: Tensor) -> None:
+        """The state after the prefill chose `pending` ((1,) int64 on the device); `stop_ids` (S,) int64
+        (-1 pads)."""
+        n = len(prompt_ids)
+        if n + max_new_tokens > self.history.shape[0] or max_new_tokens > self.accepted.shape[0]:
+            raise ValueError(f"{n} prompt + {max_new_tokens} new tokens exceed the state's capacity "
+                             f"{self.history.shape[0]}")
+        self.history[:n] = torch.tensor(prompt_ids, dtype=torch.int64)
+        self.history[n : n + 1] = pending
+        self.length.fill_(n)
+        self.new.fill_(1)
+        self.done.copy_(torch.isin(pending, stop_ids)[0] | (max_new_tokens <= 1))
+        self.steps.zero_()
+        self.limit.fill_(max_new_tokens)
+        self.accepted.zero_()
+        self.proposed.zero_()
+        self.prompt_len, self.max_new_tokens = n, max_new_tokens
 
     @classmethod
     def start(cls, prompt_ids: list[int], pending: Tensor, *, max_new_tokens: int, width: int,
               stop_ids: Tensor) -> DeviceState:
-        """The state after the prefill chose `pending` ((1,) int64 on the device)."""
-        device = pending.device
-        n = len(prompt_ids)
-        history = torch.zeros(n + max_new_tokens + width, dtype=torch.int64, device=device)
-        history[:n] = torch.tensor(prompt_ids, dtype=torch.int64)
-        history[n : n + 1] = pending
-        done = torch.isin(pending, stop_ids)[0] | (max_new_tokens <= 1)
-        return cls(history, torch.tensor([n], dtype=torch.int64, device=device),
-                   torch.ones((), dtype=torch.int64, device=device), done,
-                   torch.zeros((), dtype=torch.int64, device=device),
-                   torch.zeros(max_new_tokens, dtype=torch.int64, device=device),
-                   torch.zeros(max_new_tokens, dtype=torch.int64, device=device), n, max_new_tokens)
+        """Buffers of one request's size, filled (`allocate` then `reset`)."""
+        state = cls.allocate(len(prompt_ids) + max_new_tokens + width, pending.device)
+        state.reset(prompt_ids, pending, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+        return state
 
     def pending(self) -> Tensor:
         """(1,) int64, the pending token."""

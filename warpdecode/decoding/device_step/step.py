@@ -53,7 +53,7 @@ class DeviceStep:
     def draft(self) -> tuple[Tensor, Tensor]:
         """(N,) int64 draft tokens and (N,) bool valid nodes for this step."""
         s = self.state
-        room = (s.max_new_tokens - 1 - s.new).clamp(min=0, max=self.max_nodes)
+        room = (s.limit - 1 - s.new).clamp(min=0, max=self.max_nodes)
         return self.drafter.draft(s, room)
 
     def verify(self, tokens: Tensor, valid: Tensor, rows: Tensor | None = None) -> None:
@@ -92,7 +92,8 @@ class DeviceStep:
     def _advance(self, accepted: Tensor, emitted: Tensor, proposed: Tensor) -> None:
         """Write the emitted tokens (through the first stop token) after the pending one, log the step."""
         s, d = self.state, self.depth_index
-        stop = torch.isin(emitted, self.stop_ids) & (d <= accepted)  # (Dmax+1,)
+        # (Dmax+1,); a comparison, not isin, whose sorting path syncs with the host
+        stop = (emitted[:, None] == self.stop_ids[None, :]).any(1) & (d <= accepted)
         stopped = stop.any()
         count = torch.where(stopped, stop.to(torch.int64).argmax() + 1, accepted + 1)
         count = torch.where(s.done, 0, count)  # () tokens emitted by this step
@@ -104,4 +105,4 @@ class DeviceStep:
         s.steps.add_((~s.done).to(torch.int64))
         s.length.add_(count)
         s.new.add_(count)
-        s.done.copy_(s.done | stopped | (s.new >= s.max_new_tokens))
+        s.done.copy_(s.done | stopped | (s.new >= s.limit))

@@ -1,0 +1,138 @@
+"""The device step under the `cudagraphs` backend: buffers that last across requests, and `read_every`
+steps captured as one CUDA graph on them.
+
+A `StepSession` holds one KV cache, one `DeviceState` and one stop-token buffer, sized for a class of
+requests (the cache a power of two of at least `MIN_CACHE` positions, as the backend's own caches), and
+the step that reads and writes them. Every request of that class resets the buffers in place
+(`DeviceState.reset`) and replays the same graph: it is captured once per (drafter, size class, stop
+capacity, node budget, steps per replay), on the first request.
+
+Capturing needs warm-up runs of the step, which would advance the request. They run with `done`
+forced on, which masks every write the host reads (the step's contract): they write only cache slots
+past the real length (rewritten by the next real step) and the spare row of Token Recycling's matrix.
+`done` is put back before the first replay. `graphs=False` on the backend (the CPU stand-in) runs the
+same session eagerly: what the CPU tests check.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
+from warpdecode.decoding.device_step.step import DeviceStep
+from warpdecode.models.cache import KVCache
+from warpdecode.runtime.cudagraphs import MIN_CACHE, CudaGraphBackbone
+
+MAX_SESSIONS = 8
+"""Sessions (and their graphs and caches) kept per backbone, least recently used first out."""
+MIN_STOPS = 8
+"""Stop-token buffers hold a power of two of at least this many ids (-1 pads)."""
+
+
+class SessionKey(NamedTuple):
+    drafter: int  # id of the device drafter form (the session holds it, so the id is not reused)
+    size: int  # cache positions
+    stops: int  # stop-token buffer length
+    max_nodes: int
+    read_every: int
+
+
+def size_class(needed: int, floor: int, ceiling: int) -> int:
+    """The power of two of at least `floor` that holds `needed`, at most `ceiling` (then `needed` itself)."""
+    size = max(floor, 1 << max(needed - 1, 0).bit_length())
+    return size if size <= ceiling else needed
+
+
+@dataclass
+class StepSession:
+    cache: KVCache
+    state: DeviceState
+    stops: Tensor  # (K,) int64 stop tokens, -1 pads
+    step: DeviceStep
+    read_every: int
+    graphs: bool
+    replay: Callable[[], None] | None = field(default=None, repr=False)
+    captures: int = 0
+
+    def start(self, prompt_ids: list[int], pending: Tensor, *, max_new_tokens: int, stop_ids: list[int]) -> None:
+        """Reset the buffers for a request whose prefill filled `cache` and chose `pending` (1,)."""
+        self.stops.fill_(-1)
+        if stop_ids:
+            self.stops[: len(stop_ids)] = torch.tensor(stop_ids, dtype=torch.int64)
+        self.state.reset(prompt_ids, pending, max_new_tokens=max_new_tokens, stop_ids=self.stops)
+
+    def run(self) -> None:
+        """`read_every` steps: a graph replay (captured on the first call), or eager steps."""
+        if not self.graphs:
+            for _ in range(self.read_every):
+                self.step()
+            return
+        if self.replay is None:
+            self.replay = self._capture()
+        self.replay()
+
+    def warm_up(self, runs: int = 2) -> None:
+        """Run the step `runs` times with `done` forced on: it changes nothing the host reads."""
+        done = self.state.done.clone()
+        self.state.done.fill_(True)
+        for _ in range(runs):
+            self.step()
+        self.state.done.copy_(done)
+
+    def _capture(self) -> Callable[[], None]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.warm_up()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.read_every):
+                self.step()
+        self.captures += 1
+        return graph.replay
+
+
+_POOL: list[Any] = []
+
+
+def _pool() -> Any:
+    """One memory pool for every captured step: replays run one at a time and keep nothing they allocate."""
+    if not _POOL:
+        _POOL.append(torch.cuda.graph_pool_handle())
+    return _POOL[0]
+
+
+_SESSIONS: weakref.WeakKeyDictionary[CudaGraphBackbone, OrderedDict[SessionKey, StepSession]] = (
+    weakref.WeakKeyDictionary())
+
+
+def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, stops: int, max_nodes: int,
+            read_every: int) -> StepSession:
+    """The backbone's session for this drafter and a request that needs `needed` cache positions
+    (prompt + new tokens + tree width) and `stops` stop tokens; made on first use."""
+    model = target.torch_model()
+    config, device = model.config, model.embed.weight.device
+    key = SessionKey(id(drafter), size_class(needed, MIN_CACHE, config.max_seq_len + drafter.tree.width),
+                     size_class(stops, MIN_STOPS, max(stops, MIN_STOPS)), max_nodes, read_every)
+    sessions = _SESSIONS.setdefault(target, OrderedDict())
+    if key in sessions:
+        sessions.move_to_end(key)
+        return sessions[key]
+    cache = KVCache(config.n_layer, 1, config.kv_head_count, key.size, config.head_width,
+                    dtype=model.embed.weight.dtype, device=device)
+    state = DeviceState.allocate(key.size, device)
+    stop_buffer = torch.full((key.stops,), -1, dtype=torch.int64, device=device)
+    made = StepSession(cache, state, stop_buffer, DeviceStep(model, drafter, state, cache, stop_buffer,
+                                                             max_nodes=max_nodes), read_every, target.graphs)
+    sessions[key] = made
+    while len(sessions) > MAX_SESSIONS:
+        sessions.popitem(last=False)
+    return made
