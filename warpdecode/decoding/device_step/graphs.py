@@ -20,7 +20,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -92,22 +92,12 @@ class StepSession:
         with torch.cuda.stream(side):
             self.warm_up()
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        graph = torch.cuda.CUDAGraph()  # its own memory pool: a pool shared with graphs that were freed broke
+        with torch.cuda.graph(graph):    # a later capture (an allocator assertion, torch 2.11)
             for _ in range(self.read_every):
                 self.step()
         self.captures += 1
         return graph.replay
-
-
-_POOL: list[Any] = []
-
-
-def _pool() -> Any:
-    """One memory pool for every captured step: replays run one at a time and keep nothing they allocate."""
-    if not _POOL:
-        _POOL.append(torch.cuda.graph_pool_handle())
-    return _POOL[0]
 
 
 _SESSIONS: weakref.WeakKeyDictionary[CudaGraphBackbone, OrderedDict[SessionKey, StepSession]] = (
