@@ -90,8 +90,8 @@ def build_method(
 ) -> Method:
     """Components of a decoding method. `verifier=None` picks the lossless one for the sampling mode:
     greedy matching at temperature 0, speculative sampling when sampling. `device_step` runs the method
-    in the device-resident step (`decoding/device_step`): greedy, with the greedy verifier and the
-    fixed controller, for a drafter with a device form."""
+    in the device-resident step (`decoding/device_step`): with the lossless verifier and the fixed
+    controller, for a drafter with a device form."""
     verifier = verifier or ("speculative_sampling" if do_sample else "greedy")
     built = registry.build("verifier", verifier, **(verifier_options or {}))
     if built.needs_sampling and not do_sample:
@@ -111,11 +111,13 @@ def _check_device_step(method: Method, do_sample: bool) -> None:
     """CapabilityError unless the device step can run `method` (`generate(device_step=True)` or `step=device`)."""
     from warpdecode.decoding.controllers.fixed import FixedBudget
     from warpdecode.decoding.verifiers.greedy_match import GreedyMatch
+    from warpdecode.decoding.verifiers.speculative_sampling import SpeculativeSampling
 
     if method.drafter.device_drafter is None:
         raise CapabilityError(f"drafter {method.drafter.name!r} has no device form for the device step")
-    if do_sample or not isinstance(method.verifier, GreedyMatch):
-        raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties")
+    if not isinstance(method.verifier, SpeculativeSampling if do_sample else GreedyMatch):
+        raise CapabilityError("the device step verifies losslessly only: greedy matching, or speculative sampling "
+                              "when sampling")
     if not isinstance(method.controller, FixedBudget):
         raise CapabilityError("the device step drafts a static tree: it takes the fixed controller only")
 
@@ -173,7 +175,7 @@ def generate(
     increments as tokens are produced. Without a tokenizer the prompt must be token ids and the
     output text is empty. An empty prompt is allowed when it still gives the model a token: the chat
     template's, or else the model's BOS token (`prompt_ids`); a `ConfigError` says so otherwise.
-    `device_step` runs greedy decoding with the device-resident step (`decoding/device_step`), for the
+    `device_step` runs the method in the device-resident step (`decoding/device_step`), greedy or sampled, for the
     methods whose drafter has a device form.
 
     Hooks (docs/decoding-rules.md), with Hugging Face's names and semantics: `logits_processor`,
@@ -263,11 +265,11 @@ def generate(
         _check_device_step(built, do_sample)
         controller = cast(FixedBudget, built.controller)
         if sampler.penalties or stop_check is not None:
-            raise CapabilityError("the device step runs greedy decoding (the greedy verifier) without penalties, "
-                                  "logits hooks or stop strings")
+            raise CapabilityError("the device step runs without penalties, logits hooks or stop strings")
         new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
                                         max_nodes=min(built.max_tree_nodes, controller.max_nodes),
-                                        on_tokens=on_tokens if stream is not None else None)
+                                        on_tokens=on_tokens if stream is not None else None,
+                                        sampling=sampler.config if do_sample else None)
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
                                  on_tokens=on_tokens if stream is not None else None, constraint=constraint,

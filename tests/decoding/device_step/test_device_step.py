@@ -97,17 +97,18 @@ def test_refusals(target) -> None:
     assert not has_device_form(build_method("lookahead").drafter)
     with pytest.raises(CapabilityError, match="device step"):
         device_form(build_method("lookahead").drafter)
-    with pytest.raises(CapabilityError, match="greedy"):
-        generate(target, None, [1, 2], max_new_tokens=4, method="prompt_lookup", device_step=True, do_sample=True)
-    with pytest.raises(CapabilityError, match="greedy"):
+    with pytest.raises(CapabilityError, match="penalties"):
         generate(target, None, [1, 2], max_new_tokens=4, method="prompt_lookup", device_step=True,
                  repetition_penalty=1.2)
+    with pytest.raises(CapabilityError, match="penalties"):
+        generate(target, None, [1, 2], max_new_tokens=4, method="prompt_lookup", device_step=True, do_sample=True,
+                 presence_penalty=0.5)
     adaptive = build_method("prompt_lookup", controller="adaptive")
     with pytest.raises(CapabilityError, match="fixed controller"):
         generate(target, None, [1, 2], max_new_tokens=4, method=adaptive, device_step=True)
     lossy = build_method("prompt_lookup", verifier="typical", do_sample=True)
-    with pytest.raises(CapabilityError, match="greedy verifier"):
-        generate(target, None, [1, 2], max_new_tokens=4, method=lossy, device_step=True)
+    with pytest.raises(CapabilityError, match="lossless"):
+        generate(target, None, [1, 2], max_new_tokens=4, method=lossy, device_step=True, do_sample=True)
 
 
 def test_device_form_is_made_once_per_drafter() -> None:

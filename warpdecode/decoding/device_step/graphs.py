@@ -16,6 +16,7 @@ same session eagerly: what the CPU tests check.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
 from warpdecode.decoding.device_step.step import DeviceStep
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.models.cache import KVCache
 from warpdecode.runtime.cudagraphs import MIN_CACHE, CudaGraphBackbone
 
@@ -42,6 +44,7 @@ class SessionKey(NamedTuple):
     stops: int  # stop-token buffer length
     max_nodes: int
     read_every: int
+    sampling: SamplingConfig | None  # without its seed (the session's seed buffer holds it)
 
 
 def size_class(needed: int, floor: int, ceiling: int) -> int:
@@ -55,14 +58,17 @@ class StepSession:
     cache: KVCache
     state: DeviceState
     stops: Tensor  # (K,) int64 stop tokens, -1 pads
+    seed: Tensor  # (1,) int64, the request's sampling seed (unused when greedy)
     step: DeviceStep
     read_every: int
     graphs: bool
     replay: Callable[[], None] | None = field(default=None, repr=False)
     captures: int = 0
 
-    def start(self, prompt_ids: list[int], pending: Tensor, *, max_new_tokens: int, stop_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], pending: Tensor, *, max_new_tokens: int, stop_ids: list[int],
+              seed: int | None = None) -> None:
         """Reset the buffers for a request whose prefill filled `cache` and chose `pending` (1,)."""
+        self.seed.fill_(0 if seed is None else seed)
         self.stops.fill_(-1)
         if stop_ids:
             self.stops[: len(stop_ids)] = torch.tensor(stop_ids, dtype=torch.int64)
@@ -105,13 +111,15 @@ _SESSIONS: weakref.WeakKeyDictionary[CudaGraphBackbone, OrderedDict[SessionKey, 
 
 
 def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, stops: int, max_nodes: int,
-            read_every: int) -> StepSession:
+            read_every: int, sampling: SamplingConfig | None = None) -> StepSession:
     """The backbone's session for this drafter and a request that needs `needed` cache positions
-    (prompt + new tokens + tree width) and `stops` stop tokens; made on first use."""
+    (prompt + new tokens + tree width) and `stops` stop tokens, greedy or with `sampling`'s warpers;
+    made on first use."""
     model = target.torch_model()
     config, device = model.config, model.embed.weight.device
     key = SessionKey(id(drafter), size_class(needed, MIN_CACHE, config.max_seq_len + drafter.tree.width),
-                     size_class(stops, MIN_STOPS, max(stops, MIN_STOPS)), max_nodes, read_every)
+                     size_class(stops, MIN_STOPS, max(stops, MIN_STOPS)), max_nodes, read_every,
+                     None if sampling is None else dataclasses.replace(sampling, seed=None))
     sessions = _SESSIONS.setdefault(target, OrderedDict())
     if key in sessions:
         sessions.move_to_end(key)
@@ -120,8 +128,11 @@ def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, s
                     dtype=model.embed.weight.dtype, device=device)
     state = DeviceState.allocate(key.size, device)
     stop_buffer = torch.full((key.stops,), -1, dtype=torch.int64, device=device)
-    made = StepSession(cache, state, stop_buffer, DeviceStep(model, drafter, state, cache, stop_buffer,
-                                                             max_nodes=max_nodes), read_every, target.graphs)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+    sampler = None if key.sampling is None else Sampler(key.sampling, device)
+    step = DeviceStep(model, drafter, state, cache, stop_buffer, max_nodes=max_nodes, sampler=sampler,
+                      seed=seed if sampler is not None else None)
+    made = StepSession(cache, state, stop_buffer, seed, step, read_every, target.graphs)
     sessions[key] = made
     while len(sessions) > MAX_SESSIONS:
         sessions.popitem(last=False)

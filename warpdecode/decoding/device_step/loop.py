@@ -18,7 +18,9 @@ from warpdecode.decoding.device_step.graphs import StepSession, session
 from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
 from warpdecode.decoding.device_step.step import DeviceStep
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import CapabilityError
+from warpdecode.kernels.sampling import counter_uniforms, sample_rows
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.runtime.cudagraphs import CudaGraphBackbone
@@ -55,9 +57,10 @@ def run_device(
     static: bool | None = None,
     read_every: int = 1,
     on_tokens: Callable[[list[int]], None] | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> tuple[list[int], FinishReason, DecodeStats]:
-    """Greedy decoding of up to `max_new_tokens` after `prompt_ids` (which leave that room in the
-    context) with device steps.
+    """Greedy decoding (or sampling, with `sampling`) of up to `max_new_tokens` after `prompt_ids`
+    (which leave that room in the context) with device steps.
 
     Args:
         max_nodes: most valid draft nodes per step (the engine's `Method.max_tree_nodes`).
@@ -67,6 +70,11 @@ def run_device(
             requests, `read_every` steps captured as one CUDA graph (`graphs.StepSession`).
         read_every: steps between reads of the `done` flag (static steps; the eager form reads every step).
         on_tokens: receives the new tokens at each read.
+        sampling: a sampling configuration (`do_sample`, its warpers and seed; no penalties): every
+            token is a draw from the filtered target distribution with the uniform of (seed, its
+            position) (`DeviceStep.select`): for a seed, the tokens plain sampling gives, whatever
+            the drafter, in every form of the step. Without a seed, one comes from torch's
+            default generator.
 
     A step is one piece of device work: `stats.target_seconds` is the whole loop and
     `stats.draft_seconds` stays 0.
@@ -81,10 +89,16 @@ def run_device(
     n = len(prompt_ids)
     config = model.config
     needed = n + max_new_tokens + drafter.tree.width
+    if sampling is not None and (not sampling.do_sample or sampling.penalties()):
+        raise ValueError("the device step samples with do_sample=True and no penalties")
+    sampler = Sampler(sampling, device) if sampling is not None else None
+    seed_value = None
+    if sampling is not None:
+        seed_value = sampling.seed if sampling.seed is not None else int(torch.randint(1 << 62, ()))
     steps: StepSession | None = None
     if isinstance(target, CudaGraphBackbone):  # buffers (and graphs) that last across requests
         steps = session(target, drafter, needed=needed, stops=len(stop_ids), max_nodes=max_nodes,
-                        read_every=read_every)
+                        read_every=read_every, sampling=sampling)
         cache = steps.cache
         cache.truncate(0)
         static = True
@@ -95,15 +109,20 @@ def run_device(
     stats = DecodeStats(prompt_tokens=n)
     start = time.perf_counter()
     out = model(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None))
-    pending = out.logits[:, -1].argmax(-1)  # (1,)
+    seed = None if seed_value is None else torch.tensor([seed_value], dtype=torch.int64, device=device)
+    if sampler is not None and seed is not None:  # the first token, at position n (`DeviceStep.select`)
+        pending = sample_rows(sampler.probs(out.logits[:, -1]),
+                              counter_uniforms(seed, torch.tensor([n], device=device)))
+    else:
+        pending = out.logits[:, -1].argmax(-1)  # (1,)
     if steps is not None:
-        steps.start(prompt_ids, pending, max_new_tokens=max_new_tokens, stop_ids=stops)
+        steps.start(prompt_ids, pending, max_new_tokens=max_new_tokens, stop_ids=stops, seed=seed_value)
         state, step = steps.state, steps.step
     else:
         stop = torch.tensor(stops, dtype=torch.int64, device=device)
         state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=drafter.tree.width,
                                   stop_ids=stop)
-        step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes)
+        step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes, sampler=sampler, seed=seed)
     read = 0
     if on_tokens is not None:
         on_tokens([int(pending[0])])

@@ -23,7 +23,9 @@ import torch
 from torch import Tensor
 
 from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
+from warpdecode.decoding.sampler import Sampler
 from warpdecode.kernels.kv_commit import commit_tree_path
+from warpdecode.kernels.sampling import counter_uniforms, sample_rows
 from warpdecode.kernels.tree_accept import greedy_tree_accept
 from warpdecode.models.cache import KVCache
 from warpdecode.models.transformer import Transformer
@@ -31,7 +33,8 @@ from warpdecode.models.transformer import Transformer
 
 class DeviceStep:
     def __init__(self, model: Transformer, drafter: DeviceDrafter, state: DeviceState, cache: KVCache,
-                 stop_ids: Tensor, *, max_nodes: int) -> None:
+                 stop_ids: Tensor, *, max_nodes: int, sampler: Sampler | None = None,
+                 seed: Tensor | None = None) -> None:
         """Args:
         model: the target (its static forward).
         drafter: a prepared device drafter.
@@ -40,8 +43,14 @@ class DeviceStep:
             last one.
         stop_ids: (S,) int64 stop tokens on the device (may be empty).
         max_nodes: most valid draft nodes per step (the engine's budget).
+        sampler: sample instead of taking the argmax: its warpers filter each row's distribution
+            (`Sampler.probs`) and the draw is `sample_rows` with the uniform of (seed, position).
+        seed: (1,) int64 on the device, the request's seed (with `sampler`).
         """
+        if (sampler is None) != (seed is None):
+            raise ValueError("sampler and seed go together")
         self.model, self.drafter, self.state, self.cache = model, drafter, state, cache
+        self.sampler, self.seed = sampler, seed
         self.stop_ids, self.max_nodes = stop_ids, max_nodes
         tables = drafter.tree.tables
         device = state.history.device
@@ -70,19 +79,39 @@ class DeviceStep:
         kept = torch.cat([self.true, valid]) & ~s.done  # (W,) rows the drafter learns from
         if rows is None:
             logits = self.model.forward_static(ext[None], positions[None], s.length, tables.mask, self.cache).logits[0]
-            best, slots, fed, kept_fed = logits.argmax(-1), self.row_index, ext, kept  # (W,) each
+            best, slots, fed, kept_fed = self.select(logits, self.row_index), self.row_index, ext, kept  # (W,) each
         else:
             fed, mask = ext[rows], tables.mask[:, rows][:, :, rows]  # (w,), (1, w, w)
             self.cache.lengths = s.length.cpu()  # the model's own forward: keys up to the real length only
             logits = self.model(fed[None], positions[rows][None], self.cache,
                                 mask if rows.shape[0] > 1 else None).logits[0]
-            best = torch.zeros_like(ext).index_copy_(0, rows, logits.argmax(-1))  # (W,) 0 on rows not run
+            best = torch.zeros_like(ext).index_copy_(0, rows, self.select(logits, rows))  # (W,) 0 on rows not run
             slots = torch.zeros_like(ext).index_copy_(0, rows, torch.arange(rows.shape[0], device=rows.device))
             kept_fed = kept[rows]
         accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
         commit_tree_path(self.cache.k, self.cache.v, s.length, slots.index_select(0, path), in_place=tables.is_chain)
         self.drafter.update(fed, logits, kept_fed)
         self._advance(accepted, emitted, (tables.depths * valid).amax() if tables.size else accepted)
+
+    def select(self, logits: Tensor, rows: Tensor) -> Tensor:
+        """The target's token after each forward row: the argmax, or a draw.
+
+        A draw uses the uniform of (seed, position the token takes), whatever row computes it: along
+        any path of the tree each position has one row, so the output is the token sequence that
+        plain sampling with the same uniforms gives, whatever was drafted (the device step's
+        sampling is lossless by identity, as its greedy decoding is). Per node this is speculative
+        sampling for a one-token draft: child c is taken with probability p(c), and otherwise the
+        token is a draw from p without the children.
+
+        Args:
+            logits: (w, V) after the forward rows `rows` (w,) int64 (row indices of the full tree).
+        Returns:
+            (w,) int64.
+        """
+        if self.sampler is None or self.seed is None:
+            return logits.argmax(-1)
+        positions = (self.state.length + self.drafter.tree.tables.row_depths + 1).index_select(0, rows)  # (w,)
+        return sample_rows(self.sampler.probs(logits), counter_uniforms(self.seed, positions))
 
     def __call__(self) -> None:
         """The static step: every forward row, no host read."""
