@@ -145,8 +145,9 @@ def test_a_spec_with_step_device_runs_the_device_step(target) -> None:
         parse_method("prompt_lookup:step=gpu").validate()
     with pytest.raises(ConfigError, match="lookahead has no device form; step=device runs .*prompt_lookup"):
         parse_method("lookahead:step=device").validate()
-    with pytest.raises(CapabilityError, match="greedy"):
-        parse_method("prompt_lookup:step=device").build(do_sample=True)
+    assert parse_method("prompt_lookup:step=device").build(do_sample=True).device_step  # samples losslessly
+    with pytest.raises(CapabilityError, match="lossless"):
+        parse_method("prompt_lookup:step=device:verifier=typical").build(do_sample=True)
     with pytest.raises(CapabilityError, match="fixed controller"):
         parse_method("prompt_lookup:step=device:controller=adaptive").build(do_sample=False)
 
