@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from tiny_models import random_model
 
 from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.device_step.state import DeviceState
@@ -48,6 +49,10 @@ def host_state(tokens: list[int]) -> DecodeState:
     return DecodeState(None, None, list(tokens), 1, None)  # type: ignore[arg-type]  # drafters read only the tokens
 
 
+def random_model_of_vocab(vocab: int):
+    return random_model(seed=0, std=0.1, vocab_size=vocab, n_layer=1, n_head=2, d_model=8, d_ff=16, max_seq_len=64)
+
+
 def valid_tokens(tokens: torch.Tensor, valid: torch.Tensor) -> list[int]:
     return tokens[valid].tolist()
 
@@ -56,7 +61,7 @@ def valid_tokens(tokens: torch.Tensor, valid: torch.Tensor) -> list[int]:
 def test_prompt_lookup_drafts_the_host_chain(options: dict) -> None:
     host = PromptLookupDrafter(**options)
     device = DevicePromptLookup.of(host)
-    device.prepare(16, torch.device("cpu"))
+    device.prepare(random_model_of_vocab(16))
     rng = random.Random(0)
     for trial in range(300):
         length = rng.randrange(1, 40)
@@ -80,7 +85,7 @@ def test_token_recycling_drafts_the_host_tree(num_nodes: int, top_k: int) -> Non
     host = TokenRecyclingDrafter(top_k=top_k, num_nodes=num_nodes)
     host.prepare(type("Target", (), {"config": type("Config", (), {"vocab_size": vocab})})())  # type: ignore[arg-type]
     device = DeviceTokenRecycling.of(host)
-    device.prepare(vocab, torch.device("cpu"))
+    device.prepare(random_model_of_vocab(vocab))
     assert host.matrix is not None and host.known is not None and device.matrix is not None
     g = torch.Generator().manual_seed(0)
     rng = random.Random(0)

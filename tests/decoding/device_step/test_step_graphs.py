@@ -153,3 +153,29 @@ def test_the_static_step_reads_nothing_on_the_host(method: str) -> None:
     with HostReads() as reads, torch.inference_mode():
         int(steps.state.length)  # the check sees a host read
     assert reads.seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_medusa_and_sampling_on_cuda(tmp_path) -> None:
+    """The captured step with a feature-reading drafter, and sampling under capture (the same tokens as
+    the eager CPU step for a seed: counter-based draws)."""
+    from tiny_models import heads_package
+
+    cpu_model = greedy_target()
+    package = heads_package(cpu_model, tmp_path / "drafter", "medusa", num_layers=2)
+    model = greedy_target().to("cuda")
+    backbone = CudaGraphBackbone(model)
+    for ids, n, _ in REQUESTS:
+        host = build_method("medusa", options={"path": package})
+        engine = run(model, ids, host, Sampler(SamplingConfig()), max_new_tokens=n, stop_ids=set())
+        form = device_form(build_method("medusa", options={"path": package}).drafter)
+        new, _, stats = run_device(backbone, ids, form, max_new_tokens=n, stop_ids=set())
+        assert new == engine[0] and stats.accepted_per_step == engine[2].accepted_per_step
+    sampling = SamplingConfig(do_sample=True, temperature=0.8, top_p=0.9, seed=4)
+    for method in METHODS:
+        ids = REQUESTS[0][0]
+        on_cpu = run_device(cpu_model, ids, device_form(build_method(method).drafter), max_new_tokens=32,
+                            stop_ids=set(), sampling=sampling)[0]
+        on_cuda = run_device(backbone, ids, device_form(build_method(method).drafter), max_new_tokens=32,
+                             stop_ids=set(), sampling=sampling)[0]
+        assert on_cuda[:8] == on_cpu[:8]  # the same draws (later tokens may part at a rounding near-tie)

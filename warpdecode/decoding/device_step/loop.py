@@ -85,7 +85,7 @@ def run_device(
     if read_every < 1:
         raise ValueError(f"read_every must be >= 1, got {read_every}")
     model.pack_for_cpu_inference()
-    drafter.prepare(model.config.vocab_size, device)
+    drafter.prepare(model)
     n = len(prompt_ids)
     config = model.config
     needed = n + max_new_tokens + drafter.tree.width
@@ -108,7 +108,9 @@ def run_device(
     stops = sorted(stop_ids)
     stats = DecodeStats(prompt_tokens=n)
     start = time.perf_counter()
-    out = model(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None))
+    layer = drafter.feature_layer
+    out = model(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None),
+                hidden_layers=() if layer is None else (layer,))
     seed = None if seed_value is None else torch.tensor([seed_value], dtype=torch.int64, device=device)
     if sampler is not None and seed is not None:  # the first token, at position n (`DeviceStep.select`)
         pending = sample_rows(sampler.probs(out.logits[:, -1]),
@@ -128,7 +130,10 @@ def run_device(
         on_tokens([int(pending[0])])
         read = 1
     stats.time_to_first_token = time.perf_counter() - start
-    drafter.update(state.history[n - 1 : n], out.logits[0], torch.ones(1, dtype=torch.bool, device=device))
+    true = torch.ones(1, dtype=torch.bool, device=device)
+    drafter.update(state.history[n - 1 : n], out.logits[0], true)
+    if layer is not None:
+        drafter.observe(out.hidden_states[layer][0, -1:], true[0])
     first_row = torch.zeros(1, dtype=torch.int64, device=device)
     loop_start = time.perf_counter()
     while not bool(state.done):

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from warpdecode.decoding.device_step.state import DeviceState
 from warpdecode.decoding.device_step.tree import StaticTree
+from warpdecode.models.transformer import Transformer
 
 if TYPE_CHECKING:
     from warpdecode.decoding.drafters.prompt_lookup import PromptLookupDrafter
@@ -37,7 +38,10 @@ class DevicePromptLookup:
     def of(cls, drafter: PromptLookupDrafter) -> DevicePromptLookup:
         return cls(drafter.max_ngram, drafter.min_ngram, drafter.num_tokens, drafter.scale)
 
-    def prepare(self, vocab_size: int, device: torch.device) -> None:
+    feature_layer: int | None = None
+
+    def prepare(self, target: Transformer) -> None:
+        device = target.embed.weight.device
         if self.tree.tables.depths.device != device:
             self.tree = StaticTree.chain(self.num_tokens, device)
 
@@ -59,6 +63,9 @@ class DevicePromptLookup:
         source = start + i  # (K,)
         valid = (n > 0) & (i < chain) & (i < room) & (source <= length)
         return history.index_select(0, source.clamp(max=H - 1)), valid
+
+    def observe(self, feature: Tensor, keep: Tensor) -> None:
+        pass  # reads no hidden state
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         pass  # the history is the drafter's whole state

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from warpdecode.decoding.device_step.tree import StaticTree
+from warpdecode.models.transformer import Transformer
 
 
 @dataclass
@@ -76,9 +77,12 @@ class DeviceDrafter(Protocol):
 
     tree: StaticTree
     """Set by `prepare`, on the target's device."""
+    feature_layer: int | None
+    """The target hidden state the drafter reads (`observe`), or None: a learned head reads the
+    feature of the last accepted position (the one that predicted the pending token)."""
 
-    def prepare(self, vocab_size: int, device: torch.device) -> None:
-        """Build the tree and buffers on `device` (once; later calls keep what they hold)."""
+    def prepare(self, target: Transformer) -> None:
+        """Build the tree and buffers on the target's device (once; later calls keep what they hold)."""
 
     def draft(self, state: DeviceState, room: Tensor) -> tuple[Tensor, Tensor]:
         """Draft tokens for the tree's nodes after `state.pending()`.
@@ -94,3 +98,7 @@ class DeviceDrafter(Protocol):
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         """Learn from a target forward: `tokens` (T,) int64 inputs, `logits` (T, V) after each,
         `keep` (T,) bool the rows that were really drafted (the others carry nothing)."""
+
+    def observe(self, feature: Tensor, keep: Tensor) -> None:
+        """With `feature_layer`: `feature` (1, C), the hidden state at the position that predicted the
+        new pending token; `keep` () bool, False when the step changed nothing (after the end)."""

@@ -77,20 +77,28 @@ class DeviceStep:
         ext = torch.cat([s.pending(), torch.where(valid, tokens, 0)])  # (W,) invalid nodes carry token 0
         positions = (s.length + tables.row_depths).clamp(max=self.max_position)  # (W,) invalid rows only clamp
         kept = torch.cat([self.true, valid]) & ~s.done  # (W,) rows the drafter learns from
+        layer = self.drafter.feature_layer
+        hidden_layers = () if layer is None else (layer,)
         if rows is None:
-            logits = self.model.forward_static(ext[None], positions[None], s.length, tables.mask, self.cache).logits[0]
+            out = self.model.forward_static(ext[None], positions[None], s.length, tables.mask, self.cache,
+                                            hidden_layers)
+            logits = out.logits[0]
             best, slots, fed, kept_fed = self.select(logits, self.row_index), self.row_index, ext, kept  # (W,) each
         else:
             fed, mask = ext[rows], tables.mask[:, rows][:, :, rows]  # (w,), (1, w, w)
             self.cache.lengths = s.length.cpu()  # the model's own forward: keys up to the real length only
-            logits = self.model(fed[None], positions[rows][None], self.cache,
-                                mask if rows.shape[0] > 1 else None).logits[0]
+            out = self.model(fed[None], positions[rows][None], self.cache, mask if rows.shape[0] > 1 else None,
+                             hidden_layers)
+            logits = out.logits[0]
             best = torch.zeros_like(ext).index_copy_(0, rows, self.select(logits, rows))  # (W,) 0 on rows not run
             slots = torch.zeros_like(ext).index_copy_(0, rows, torch.arange(rows.shape[0], device=rows.device))
             kept_fed = kept[rows]
         accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
         commit_tree_path(self.cache.k, self.cache.v, s.length, slots.index_select(0, path), in_place=tables.is_chain)
         self.drafter.update(fed, logits, kept_fed)
+        if layer is not None:  # the feature at the last accepted row predicted the new pending token
+            last = slots.index_select(0, path.index_select(0, accepted.view(1)))  # (1,) forward row
+            self.drafter.observe(out.hidden_states[layer][0].index_select(0, last), ~s.done)
         self._advance(accepted, emitted, (tables.depths * valid).amax() if tables.size else accepted)
 
     def select(self, logits: Tensor, rows: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from torch import Tensor
 from warpdecode.decoding.device_step.state import DeviceState
 from warpdecode.decoding.device_step.tree import StaticTree
 from warpdecode.errors import CapabilityError
+from warpdecode.models.transformer import Transformer
 
 if TYPE_CHECKING:
     from warpdecode.decoding.drafters.token_recycling import TokenRecyclingDrafter
@@ -37,7 +38,10 @@ class DeviceTokenRecycling:
     def of(cls, drafter: TokenRecyclingDrafter) -> DeviceTokenRecycling:
         return cls(drafter.shape, drafter.top_k)
 
-    def prepare(self, vocab_size: int, device: torch.device) -> None:
+    feature_layer: int | None = None
+
+    def prepare(self, target: Transformer) -> None:
+        vocab_size, device = target.config.vocab_size, target.embed.weight.device
         if vocab_size < self.top_k:
             raise CapabilityError(f"token_recycling on the device needs top_k ({self.top_k}) <= the vocabulary "
                                   f"({vocab_size})")
@@ -59,6 +63,9 @@ class DeviceTokenRecycling:
         valid = filled[1:]
         valid &= valid.cumsum(0) <= room  # the first `room` drafted nodes, as the host drafter stops
         return tokens[1:], valid
+
+    def observe(self, feature: Tensor, keep: Tensor) -> None:
+        pass  # reads no hidden state
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         assert self.matrix is not None, "prepare() must run first"

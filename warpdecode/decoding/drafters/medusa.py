@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.device_step.medusa import DeviceMedusa
 from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, fill_shape, ranked_tokens
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
 from warpdecode.decoding.registry import register
@@ -84,6 +85,8 @@ class HeadsDrafter(PackagedDrafter[HeadsT]):
 @register("drafter", "medusa")
 class MedusaDrafter(HeadsDrafter[MedusaHeads]):
     kind = "medusa"
+    device_drafter: ClassVar[type[DeviceMedusa]] = DeviceMedusa
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 
     net_class = MedusaHeads
 
