@@ -23,6 +23,7 @@ from typing import ClassVar, TypeVar
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.device_step.hydra import DeviceHydra
 from warpdecode.decoding.device_step.medusa import DeviceMedusa
 from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, fill_shape, ranked_tokens
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
@@ -100,6 +101,8 @@ class MedusaDrafter(HeadsDrafter[MedusaHeads]):
 @register("drafter", "hydra")
 class HydraDrafter(HeadsDrafter[HydraHeads]):
     kind = "hydra"
+    device_drafter: ClassVar[type[DeviceHydra]] = DeviceHydra
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 
     net_class = HydraHeads
 

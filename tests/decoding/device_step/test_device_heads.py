@@ -1,5 +1,6 @@
-"""Medusa in the device step: the heads read the feature of the last accepted position kept on the
-device, so the proposals, the accepted lengths and the output equal the host engine's."""
+"""Medusa and Hydra in the device step: the heads read the feature of the last accepted position kept
+on the device (Hydra also the embeddings of each node's path), so the proposals, the accepted lengths
+and the output equal the host engine's."""
 
 from __future__ import annotations
 
@@ -26,17 +27,27 @@ def target():
     return greedy_target()
 
 
+KINDS = ["medusa", "hydra"]
+
+
 @pytest.fixture(scope="module")
-def package(target, tmp_path_factory):
-    return heads_package(target, tmp_path_factory.mktemp("medusa") / "drafter", "medusa", num_layers=2)
+def packages(target, tmp_path_factory):
+    return {kind: heads_package(target, tmp_path_factory.mktemp(kind) / "drafter", kind, num_layers=2)
+            for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def package(packages):
+    return packages["medusa"]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=["static", "chain", "3 nodes", "chain of 2"])
-def test_equals_the_engine_in_every_form(target, package, options) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_equals_the_engine_in_every_form(target, packages, kind, options) -> None:
     for ids in PROMPTS:
-        host = build_method("medusa", options={"path": package} | options)
+        host = build_method(kind, options={"path": packages[kind]} | options)
         engine = run(target, ids, host, Sampler(SamplingConfig()), max_new_tokens=30, stop_ids=set())
-        form = device_form(build_method("medusa", options={"path": package} | options).drafter)
+        form = device_form(build_method(kind, options={"path": packages[kind]} | options).drafter)
         forms = [run_device(target, ids, form, max_new_tokens=30, stop_ids=set(), static=static)
                  for static in (False, True)]
         forms.append(run_device(CudaGraphBackbone(target, graphs=False), ids, form, max_new_tokens=30,
@@ -48,13 +59,15 @@ def test_equals_the_engine_in_every_form(target, package, options) -> None:
 
 
 @pytest.mark.parametrize(("options", "depth"), [({"tree": "chain"}, 4), ({}, 3)], ids=["chain", "static"])
-def test_heads_that_know_the_future_are_always_accepted(tmp_path, options, depth) -> None:
-    """The device step feeds the heads the feature of the right position (the oracle heads' drafts are
-    all accepted only then), with a stop token ending the output mid-step."""
-    target, package = oracle_heads_package(tmp_path / "drafter", "medusa")
+@pytest.mark.parametrize("kind", KINDS)
+def test_heads_that_know_the_future_are_always_accepted(tmp_path, kind, options, depth) -> None:
+    """The device step feeds the heads the feature of the right position and Hydra's heads the right
+    tokens (the oracle heads' drafts are all accepted only then), with a stop token ending the output
+    mid-step."""
+    target, package = oracle_heads_package(tmp_path / "drafter", kind)
     prompt = [5, 6, 7, 8, 9, 10, 11]
     plain = generate(target, None, prompt, max_new_tokens=31, stop_at_eos=False).token_ids
-    form = device_form(build_method("medusa", options={"path": package} | options).drafter)
+    form = device_form(build_method(kind, options={"path": package} | options).drafter)
     new, _, stats = run_device(target, prompt, form, max_new_tokens=31, stop_ids=set())
     assert new == plain
     assert stats.accepted_per_step[:-1] == [depth] * (len(stats.accepted_per_step) - 1)
@@ -62,8 +75,9 @@ def test_heads_that_know_the_future_are_always_accepted(tmp_path, options, depth
     assert new == plain[:10] and finish == "eos"
 
 
-def test_sampling_draws_what_plain_sampling_draws(target, package) -> None:
-    form = device_form(build_method("medusa", options={"path": package}).drafter)
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampling_draws_what_plain_sampling_draws(target, packages, kind) -> None:
+    form = device_form(build_method(kind, options={"path": packages[kind]}).drafter)
     for seed, ids in enumerate(PROMPTS):
         sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=20, seed=seed)
         plain = run_device(target, ids, DevicePromptLookup(num_tokens=0), max_new_tokens=24, stop_ids=set(),
@@ -79,7 +93,5 @@ def test_step_device_spec_and_refusals(target, package) -> None:
     assert out.token_ids == want.token_ids and out.stats.accepted_per_step == want.stats.accepted_per_step
     with pytest.raises(CapabilityError, match="lookup"):
         device_form(build_method("medusa", options={"path": package, "lookup": 4}).drafter)
-    with pytest.raises(CapabilityError, match="device"):
-        device_form(build_method("hydra", options={"path": package}).drafter)
     assert torch.equal(device_form(build_method("medusa", options={"path": package}).drafter).tree.tables.depths,
                        torch.zeros(0, dtype=torch.int64))  # unprepared: an empty tree until the target is known
