@@ -1,4 +1,5 @@
-"""The exactness suite: every registered drafter, verified losslessly, reproduces the target.
+"""The exactness suite: every registered drafter, verified losslessly, reproduces the target (and so
+does every drafter with a device form through the device-resident step).
 
 Greedy: token-identical to a naive full-recompute greedy loop. Sampling: the emitted tokens follow the
 target's distribution (TV distance within a bound that a wrong acceptance rule exceeds).
@@ -25,6 +26,8 @@ from tiny_models import (
 )
 
 from warpdecode.decoding import registry
+from warpdecode.decoding.device_step.loop import device_form, run_device
+from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.drafters.draft_model import without_replacement
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -376,3 +379,44 @@ def sample_engine(name, options, verifier, packages, *, draws: int = ENGINE_DRAW
                if a == common and tree.size and tree.draft_probs is not None]
     return EngineSamples([b for a, b in pairs if a == common], expected, [int(t.tokens[0]) for t in drafted],
                          [t.draft_probs[0].float().cpu() for t in drafted])
+
+
+DEVICE_DRAFTERS = [n for n in DRAFTERS if registry.get("drafter", n).device_drafter is not None]
+"""Drafters with a device form (`decoding/device_step`), picked up from the registry."""
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("name", DEVICE_DRAFTERS)
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "short", "long"])
+def test_greedy_identity_in_the_device_step(target, name, prompt, static, drafter_options, single_thread):
+    form = device_form(build_method(name, options=drafter_options.get(name, {})).drafter)
+    new = run_device(target, prompt, form, max_new_tokens=24, stop_ids=set(), static=static)[0]
+    assert new == naive_greedy(target, prompt, 24)
+
+
+@pytest.mark.parametrize("name", DEVICE_DRAFTERS)
+def test_greedy_identity_in_the_device_step_in_half_precision(half_target, name, drafter_options, single_thread):
+    prompt = PROMPTS[2]
+    plain = generate(half_target, None, prompt, max_new_tokens=24, stop_at_eos=False).token_ids
+    form = device_form(build_method(name, options=drafter_options.get(name, {})).drafter)
+    for static in (False, True):
+        assert run_device(half_target, prompt, form, max_new_tokens=24, stop_ids=set(), static=static)[0] == plain
+
+
+@pytest.mark.parametrize("name", DEVICE_DRAFTERS)
+def test_device_step_sampling_draws_what_plain_sampling_draws(name, tiny_vocab_packages, single_thread):
+    """Sampling in the device step is lossless by identity (`DeviceStep.select`): for a seed, the tokens
+    of the no-draft step, whatever the drafter; the draws' distribution is checked in
+    tests/decoding/device_step/test_device_sampling.py."""
+    model = tiny_vocab_target()
+    options = {"path": tiny_vocab_packages[name]} if name in tiny_vocab_packages else {}
+    form = device_form(build_method(name, options=options).drafter)
+    accepted = 0
+    for seed in range(40):
+        sampling = SamplingConfig(do_sample=True, seed=seed)
+        plain = run_device(model, [1, 2, 3, 1, 2], DevicePromptLookup(num_tokens=0), max_new_tokens=12,
+                           stop_ids=set(), sampling=sampling)[0]
+        new, _, stats = run_device(model, [1, 2, 3, 1, 2], form, max_new_tokens=12, stop_ids=set(), sampling=sampling)
+        assert new == plain
+        accepted += sum(stats.accepted_per_step)
+    assert accepted > 0
