@@ -183,3 +183,12 @@ def test_bad_options_are_config_errors(pair):
         registry.build("search", name, **options)
     with pytest.raises(CapabilityError, match="tokenizer"):
         EduPlans().search(model, None, [1, 2, 3], greedy(), max_new_tokens=2, stop_ids=set())
+
+
+def test_stop_strings_end_each_row(pair):
+    model, tokenizer = pair
+    free = generate(model, tokenizer, DOCUMENT, max_new_tokens=12, search=EduPlans(plans=3))
+    stop = free.sequences[0].text[3:5]
+    out = generate(model, tokenizer, DOCUMENT, max_new_tokens=12, search=EduPlans(plans=3), stop=(stop,))
+    assert all(stop not in c.text for c in out.sequences)
+    assert any(c.finish_reason == "stop" for c in out.sequences)
