@@ -192,3 +192,15 @@ def test_stop_strings_end_each_row(pair):
     out = generate(model, tokenizer, DOCUMENT, max_new_tokens=12, search=EduPlans(plans=3), stop=(stop,))
     assert all(stop not in c.text for c in out.sequences)
     assert any(c.finish_reason == "stop" for c in out.sequences)
+
+
+def test_plans_that_fill_the_context_cut_the_budget(pair):
+    model, tokenizer = pair
+    prompt = tokenizer.encode(DOCUMENT * 3)
+    room = model.config.max_seq_len - len(prompt)
+    out = EduPlans(plans=2).search(model, tokenizer, prompt, greedy(), max_new_tokens=room, stop_ids=set())
+    assert {c.finish_reason for c in out.candidates} == {"context"}
+    assert all(len(prompt) + len(c.token_ids) < model.config.max_seq_len for c in out.candidates)
+    with pytest.raises(ConfigError, match="context"):
+        EduPlans(plans=2).search(model, tokenizer, tokenizer.encode(DOCUMENT * 4), greedy(), max_new_tokens=8,
+                                 stop_ids=set())

@@ -138,6 +138,9 @@ class EduPlans(SearchStrategy):
                 bias[row, self._plan_tokens(tokenizer, plan, stop_ids)] = self.bias
         result = decode_rows(model, tokenizer, prompt, sampler, cache, logits, stats, start, max_new_tokens=budget,
                              stop_ids=stop_ids, stop_strings=stop_strings, bias=bias)
+        for candidate in result.candidates:
+            if candidate.finish_reason == "length" and budget < max_new_tokens:
+                candidate.finish_reason = "context"  # the plans' tokens took the rest of the context
         scorer = self.scorer or PlanScorer(source, tuple(" ".join(p) for p in plans), *self.weights)
         for candidate, score in zip(result.candidates, scorer.score(prompt, result.candidates), strict=True):
             candidate.score = score
