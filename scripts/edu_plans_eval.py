@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--edu-specs", default="edu_plans:plans=4,edu_plans:plans=4:guide=both",
+    parser.add_argument("--edu-specs", default="edu_plans:plans=4:guide=prompt,edu_plans:plans=4:guide=both",
                         help="comma-separated edu_plans method specs to run")
     parser.add_argument("--no-best-of-n", action="store_true", help="run greedy and the edu_plans specs only")
     parser.add_argument("--out", type=Path, default=None)

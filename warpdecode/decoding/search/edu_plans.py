@@ -7,7 +7,7 @@ Re-Ranking"): diverse extractive content plans, one candidate guided by each, an
 3. Guided generation, all plans' rows as one batch: `guide="prompt"` inserts the plan ("Key points to
    cover:" and one EDU a line) at the end of the user's message; `guide="bias"` adds `bias` to the logits
    of the plan's word tokens (3+ characters, not stop words) until the row emits them (each bonus is paid
-   once); `"both"` does both. The prompt's shared prefix is prefilled once, each row's own suffix (its
+   once); `"both"` (default) does both. The prompt's shared prefix is prefilled once, each row's own suffix (its
    plan, the template's closing tokens) in one right-padded forward; then every step is one forward of
    the open rows (`sample.decode_rows`: greedy, or sampled with `do_sample`).
 4. Rerank: `PlanScorer` (plan coverage, ROUGE-2 precision against the source, mean log-probability; its
@@ -69,7 +69,7 @@ class EduPlans(SearchStrategy):
     composes_with_speculation = False  # rows with different prompts: not built
 
     def __init__(self, plans: int = 4, plan_size: int = 3, diversity: float = 0.5, position_weight: float = 0.5,
-                 min_words: int = 3, guide: Literal["prompt", "bias", "both"] = "prompt", bias: float = 2.0,
+                 min_words: int = 3, guide: Literal["prompt", "bias", "both"] = "both", bias: float = 2.0,
                  coverage_weight: float = 1.0, support_weight: float = 1.0, logprob_weight: float = 1.0,
                  scorer: Scorer | None = None) -> None:
         if not 1 <= plans <= MAX_ROWS or plan_size < 1 or min_words < 1:
