@@ -6,6 +6,7 @@ from warpdecode.decoding.search import (  # noqa: F401
     best_of_n,
     deal,
     diverse_beam,
+    edu_plans,
     first_finish,
     icn,
     pg_td,

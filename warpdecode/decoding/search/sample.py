@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from warpdecode.decoding.engine import Method
 from warpdecode.decoding.outputs import Candidate, DecodeStats, FinishReason
@@ -26,6 +27,7 @@ from warpdecode.decoding.search.speculative_rows import sample_rows_speculative
 from warpdecode.decoding.stop_strings import StopStrings
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
+from warpdecode.models.cache import KVCache
 from warpdecode.models.tokenizer import Tokenizer
 
 
@@ -53,7 +55,26 @@ def sample_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int],
     start = time.perf_counter()
     stats = DecodeStats(prompt_tokens=len(prompt))
     cache, first = prefill_rows(model, prompt, n, len(prompt) + max_new_tokens)
-    logits = first[None].expand(n, -1)  # (n, V)
+    return decode_rows(model, tokenizer, prompt, sampler, cache, first[None].expand(n, -1), stats, start,
+                       max_new_tokens=max_new_tokens, stop_ids=stop_ids, stop_at_first=stop_at_first,
+                       stop_strings=stop_strings)
+
+
+def decode_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int], sampler: Sampler, cache: KVCache,
+                logits: Tensor, stats: DecodeStats, start: float, *, max_new_tokens: int, stop_ids: set[int],
+                stop_at_first: bool = False, stop_strings: tuple[str, ...] = (),
+                bias: Tensor | None = None) -> SearchResult:
+    """Continue the n rows of `cache` (already prefilled: one prompt, or one per row) one token per step, as
+    `sample_rows` does; the penalties read `prompt` as every row's context.
+
+    Args:
+        logits: (n, V) float32 each row's next-token logits after its prompt.
+        bias: (n, V) float32 or None, added to a row's processed logits before its token is chosen (not to
+            the recorded log-probabilities); a row's entry for a token is cleared once the row emits it, so
+            a bonus for a token is paid once (plan-guided decoding, `edu_plans.py`).
+    """
+    n = logits.shape[0]
+    bias = None if bias is None else bias.to(logits.device, torch.float32).clone()
     rows = [_Row() for _ in range(n)]
     checks = [StopStrings(tokenizer, stop_strings) for _ in range(n)] if stop_strings and tokenizer else None
     active = list(range(n))
@@ -62,8 +83,12 @@ def sample_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int],
         if sampler.penalties:
             history = TokenHistory(torch.tensor(prompt), len(prompt), tuple(tuple(rows[i].tokens) for i in active))
             logits = sampler.penalize(logits, history)
+        if bias is not None:
+            logits = logits.float() + bias[active]
         chosen = sampler.select(logits)  # (B_active,)
         picked = raw.gather(1, chosen[:, None])[:, 0].tolist()
+        if bias is not None:
+            bias[active, chosen.to(bias.device)] = 0.0
         if not stats.time_to_first_token:
             stats.time_to_first_token = time.perf_counter() - start
         for i, token, logprob in zip(active, chosen.tolist(), picked, strict=True):
