@@ -32,7 +32,7 @@ class DeviceHeads(Generic[NetT]):
         self.net: NetT | None = None
         self.feature: Tensor | None = None  # (1, C)
         self.width = 1
-        self.feature_layer: int | None = None
+        self.feature_layers: tuple[int, ...] = ()
 
     def prepare(self, target: Transformer) -> None:
         if self.net is not None and self.host.checked is target:
@@ -43,7 +43,7 @@ class DeviceHeads(Generic[NetT]):
         paths = [tuple(p) for p in self.host.shape]
         self.net, self.tree = self.host.net, StaticTree.of_rank_paths(paths, device)
         self.width = 1 + max((p[-1] for p in paths), default=0)
-        self.feature_layer = target.config.n_layer
+        self.feature_layers = (target.config.n_layer,)
         self.feature = torch.zeros(1, target.config.d_model, dtype=target.embed.weight.dtype, device=device)
         self.prepare_tree(paths, target)
 
@@ -63,6 +63,11 @@ class DeviceHeads(Generic[NetT]):
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         pass  # the heads learn nothing while decoding
 
-    def observe(self, feature: Tensor, keep: Tensor) -> None:
+    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
         assert self.feature is not None, "prepare() must run first"
-        self.feature.copy_(torch.where(keep, feature.to(self.feature.dtype), self.feature))
+        self.feature.copy_(hidden[self.feature_layers[0]][-1:])
+
+    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
+        assert self.feature is not None, "prepare() must run first"
+        last = hidden[self.feature_layers[0]].index_select(0, (count - 1).view(1))  # (1, C)
+        self.feature.copy_(torch.where(keep, last.to(self.feature.dtype), self.feature))

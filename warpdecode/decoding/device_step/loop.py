@@ -108,9 +108,8 @@ def run_device(
     stops = sorted(stop_ids)
     stats = DecodeStats(prompt_tokens=n)
     start = time.perf_counter()
-    layer = drafter.feature_layer
     out = model(torch.tensor([prompt_ids], device=device), cache=cache, logits_slice=slice(-1, None),
-                hidden_layers=() if layer is None else (layer,))
+                hidden_layers=drafter.feature_layers)
     seed = None if seed_value is None else torch.tensor([seed_value], dtype=torch.int64, device=device)
     if sampler is not None and seed is not None:  # the first token, at position n (`DeviceStep.select`)
         pending = sample_rows(sampler.probs(out.logits[:, -1]),
@@ -132,8 +131,8 @@ def run_device(
     stats.time_to_first_token = time.perf_counter() - start
     true = torch.ones(1, dtype=torch.bool, device=device)
     drafter.update(state.history[n - 1 : n], out.logits[0], true)
-    if layer is not None:
-        drafter.observe(out.hidden_states[layer][0, -1:], true[0])
+    drafter.start({j: out.hidden_states[j][0] for j in drafter.feature_layers}, state.history[1 : n + 1],
+                  cache.max_len)
     first_row = torch.zeros(1, dtype=torch.int64, device=device)
     loop_start = time.perf_counter()
     while not bool(state.done):

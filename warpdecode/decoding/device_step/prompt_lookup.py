@@ -38,7 +38,7 @@ class DevicePromptLookup:
     def of(cls, drafter: PromptLookupDrafter) -> DevicePromptLookup:
         return cls(drafter.max_ngram, drafter.min_ngram, drafter.num_tokens, drafter.scale)
 
-    feature_layer: int | None = None
+    feature_layers: tuple[int, ...] = ()
 
     def prepare(self, target: Transformer) -> None:
         device = target.embed.weight.device
@@ -64,8 +64,11 @@ class DevicePromptLookup:
         valid = (n > 0) & (i < chain) & (i < room) & (source <= length)
         return history.index_select(0, source.clamp(max=H - 1)), valid
 
-    def observe(self, feature: Tensor, keep: Tensor) -> None:
+    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
         pass  # reads no hidden state
+
+    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
+        pass
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         pass  # the history is the drafter's whole state

@@ -77,9 +77,9 @@ class DeviceDrafter(Protocol):
 
     tree: StaticTree
     """Set by `prepare`, on the target's device."""
-    feature_layer: int | None
-    """The target hidden state the drafter reads (`observe`), or None: a learned head reads the
-    feature of the last accepted position (the one that predicted the pending token)."""
+    feature_layers: tuple[int, ...]
+    """The target hidden states the drafter reads (`start`, `observe`); () for none. Learned drafters
+    read the features of the accepted positions (Medusa the last one, EAGLE every one)."""
 
     def prepare(self, target: Transformer) -> None:
         """Build the tree and buffers on the target's device (once; later calls keep what they hold)."""
@@ -99,6 +99,13 @@ class DeviceDrafter(Protocol):
         """Learn from a target forward: `tokens` (T,) int64 inputs, `logits` (T, V) after each,
         `keep` (T,) bool the rows that were really drafted (the others carry nothing)."""
 
-    def observe(self, feature: Tensor, keep: Tensor) -> None:
-        """With `feature_layer`: `feature` (1, C), the hidden state at the position that predicted the
-        new pending token; `keep` () bool, False when the step changed nothing (after the end)."""
+    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
+        """A new request after its prefill: `hidden` {layer in `feature_layers`: (n, C)} at the n
+        prompt positions, `tokens` (n,) int64 the token after each (the prompt's next tokens, then the
+        pending one); `capacity`, the target cache's positions (buffers the drafter sizes by it)."""
+
+    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
+        """After a verify forward: `hidden` {layer: (P, C)} at the kept path's rows (the old pending
+        token first; rows past `count` are stale), `tokens` (P,) int64 the token after each (the
+        accepted tokens, then the bonus one), `count` () int64 the rows that count (accepted + 1);
+        `keep` () bool, False when the step changed nothing (after the end)."""

@@ -77,8 +77,7 @@ class DeviceStep:
         ext = torch.cat([s.pending(), torch.where(valid, tokens, 0)])  # (W,) invalid nodes carry token 0
         positions = (s.length + tables.row_depths).clamp(max=self.max_position)  # (W,) invalid rows only clamp
         kept = torch.cat([self.true, valid]) & ~s.done  # (W,) rows the drafter learns from
-        layer = self.drafter.feature_layer
-        hidden_layers = () if layer is None else (layer,)
+        hidden_layers = self.drafter.feature_layers
         if rows is None:
             out = self.model.forward_static(ext[None], positions[None], s.length, tables.mask, self.cache,
                                             hidden_layers)
@@ -96,9 +95,10 @@ class DeviceStep:
         accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
         commit_tree_path(self.cache.k, self.cache.v, s.length, slots.index_select(0, path), in_place=tables.is_chain)
         self.drafter.update(fed, logits, kept_fed)
-        if layer is not None:  # the feature at the last accepted row predicted the new pending token
-            last = slots.index_select(0, path.index_select(0, accepted.view(1)))  # (1,) forward row
-            self.drafter.observe(out.hidden_states[layer][0].index_select(0, last), ~s.done)
+        if hidden_layers:  # the features at the kept path's rows, and the token after each
+            kept_rows = slots.index_select(0, path)  # (Dmax+1,) forward rows
+            self.drafter.observe({j: out.hidden_states[j][0].index_select(0, kept_rows) for j in hidden_layers},
+                                 emitted, accepted + 1, ~s.done)
         self._advance(accepted, emitted, (tables.depths * valid).amax() if tables.size else accepted)
 
     def select(self, logits: Tensor, rows: Tensor) -> Tensor:

@@ -38,7 +38,7 @@ class DeviceTokenRecycling:
     def of(cls, drafter: TokenRecyclingDrafter) -> DeviceTokenRecycling:
         return cls(drafter.shape, drafter.top_k)
 
-    feature_layer: int | None = None
+    feature_layers: tuple[int, ...] = ()
 
     def prepare(self, target: Transformer) -> None:
         vocab_size, device = target.config.vocab_size, target.embed.weight.device
@@ -64,8 +64,11 @@ class DeviceTokenRecycling:
         valid &= valid.cumsum(0) <= room  # the first `room` drafted nodes, as the host drafter stops
         return tokens[1:], valid
 
-    def observe(self, feature: Tensor, keep: Tensor) -> None:
+    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
         pass  # reads no hidden state
+
+    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
+        pass
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         assert self.matrix is not None, "prepare() must run first"
