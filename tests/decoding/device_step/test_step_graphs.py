@@ -179,3 +179,19 @@ def test_captured_medusa_and_sampling_on_cuda(tmp_path) -> None:
         on_cuda = run_device(backbone, ids, device_form(build_method(method).drafter), max_new_tokens=32,
                              stop_ids=set(), sampling=sampling)[0]
         assert on_cuda[:8] == on_cpu[:8]  # the same draws (later tokens may part at a rounding near-tie)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_eagle_on_cuda(tmp_path) -> None:
+    """The captured step with EAGLE's draft cache and pairs on the device (EAGLE-3's fused features)."""
+    from tiny_models import eagle_package
+
+    package = eagle_package(greedy_target(), tmp_path / "drafter", feature_layers=(1, 3))
+    model = greedy_target().to("cuda")
+    backbone = CudaGraphBackbone(model)
+    form = device_form(build_method("eagle", options={"path": package}).drafter)
+    for ids, n, _ in REQUESTS:
+        engine = run(model, ids, build_method("eagle", options={"path": package}), Sampler(SamplingConfig()),
+                     max_new_tokens=n, stop_ids=set())
+        new, _, stats = run_device(backbone, ids, form, max_new_tokens=n, stop_ids=set())
+        assert new == engine[0] and stats.accepted_per_step == engine[2].accepted_per_step

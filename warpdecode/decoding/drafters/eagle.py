@@ -14,10 +14,12 @@ Tree shapes (`tree=`): `static` (default) and `chain` as every packaged drafter 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.device_step.eagle import DeviceEagle
 from warpdecode.decoding.drafters.dynamic_tree import grow_dynamic_tree
 from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, fill_shape, ranked_tokens
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
@@ -44,6 +46,9 @@ def ancestor_mask(parents: list[int]) -> Tensor:
 class EagleDrafter(PackagedDrafter[EagleNet]):
     kind = "eagle"
     net_class = EagleNet
+    device_drafter: ClassVar[type[DeviceEagle]] = DeviceEagle
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`): static and
+    chain trees."""
     onnx_graphs = True
     trees = ("static", "chain", "dynamic")
 
