@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.device_step.learned import DeviceLearned
 from warpdecode.decoding.device_step.state import DeviceState
-from warpdecode.decoding.device_step.tree import StaticTree
 from warpdecode.decoding.tree_shapes import RankPath
 from warpdecode.errors import CapabilityError
 from warpdecode.models.cache import KVCache
@@ -49,22 +49,16 @@ class EagleLevel:
     child_ranks: Tensor  # (n,) int64
 
 
-class DeviceEagle:
+class DeviceEagle(DeviceLearned[EagleNet]):
     def __init__(self, host: EagleDrafter) -> None:
-        if host.copier is not None:
-            raise CapabilityError("eagle with lookup= has no device step (the prompt-lookup fusion runs on the host)")
         if host.tree == "dynamic":
             raise CapabilityError("eagle's dynamic tree has no device step (its best-first heap lives on the host); "
                                   "use tree=static or tree=chain")
-        self.host = host
-        self.tree = StaticTree.chain(0)  # until `prepare` knows the target
-        self.net: EagleNet | None = None
+        super().__init__(host)
         self.embed: torch.nn.Embedding | None = None
-        self.feature_layers: tuple[int, ...] = ()
         self.levels: list[EagleLevel] = []
         self.first_nodes = torch.zeros(0, dtype=torch.int64)  # (n1,) the nodes of depth 1
         self.first_ranks = torch.zeros(0, dtype=torch.int64)
-        self.width = 1
         self.caches: dict[int, KVCache] = {}
         self.cache: KVCache | None = None
         self.committed = torch.zeros(1, dtype=torch.int64)  # (1,) true pairs in the draft cache
@@ -78,26 +72,18 @@ class DeviceEagle:
     def of(cls, drafter: EagleDrafter) -> DeviceEagle:
         return cls(drafter)
 
-    def prepare(self, target: Transformer) -> None:
-        if self.net is not None and self.host.checked is target:
-            return
-        self.host.prepare(target)
-        assert self.host.net is not None
+    def prepare_tree(self, paths: list[RankPath], target: Transformer) -> None:
+        assert self.net is not None
         device = target.embed.weight.device
-        paths = [tuple(p) for p in self.host.shape]
-        self.net, self.embed, self.feature_layers = self.host.net, target.embed, self.host.net.feature_layers
-        self.tree = StaticTree.of_rank_paths(paths, device)
-        self.width = 1 + max((p[-1] for p in paths), default=0)
-        self.levels = levels(paths, device)
+        self.embed, self.levels = target.embed, levels(paths, device)
         first = [i for i, p in enumerate(paths) if len(p) == 1]
         self.first_nodes = torch.tensor(first, dtype=torch.int64, device=device)
         self.first_ranks = torch.tensor([paths[i][0] for i in first], dtype=torch.int64, device=device)
         P = self.tree.tables.max_depth + 1
-        C = target.config.d_model
         dtype = self.net.fc.weight.dtype
         self.caches, self.cache = {}, None
         self.committed = torch.zeros(1, dtype=torch.int64, device=device)
-        self.pair_features = torch.zeros(P, C, dtype=dtype, device=device)
+        self.pair_features = torch.zeros(P, target.config.d_model, dtype=dtype, device=device)
         self.pair_tokens = torch.zeros(P, dtype=torch.int64, device=device)
         self.pair_count = torch.zeros((), dtype=torch.int64, device=device)
         self.pair_mask = torch.ones(P, P, dtype=torch.bool, device=device).tril()[None]
@@ -151,16 +137,7 @@ class DeviceEagle:
             outputs.index_copy_(0, level.grow_nodes + 1, grown)
             ranked = self.ranked(net.head(grown))  # (G, width)
             tokens.index_copy_(0, level.children, ranked[level.child_parents, level.child_ranks])
-        valid = torch.arange(1, self.tree.size + 1, device=room.device) <= room
-        return tokens, valid
-
-    def ranked(self, logits: Tensor) -> Tensor:
-        """(M, Nd) draft-vocabulary scores → (M, width) target token ids, best first (`ranked_tokens`)."""
-        assert self.net is not None
-        return self.net.draft_vocab[logits.topk(min(self.width, logits.shape[-1]), dim=-1).indices]
-
-    def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
-        pass  # learns nothing while decoding
+        return tokens, self.kept(room)
 
     def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
         net, pairs = self.net, self.pair_features

@@ -45,6 +45,7 @@ class DeviceHydra(DeviceHeads[HydraHeads]):
         return cls(drafter)
 
     def prepare_tree(self, paths: list[RankPath], target: Transformer) -> None:
+        super().prepare_tree(paths, target)
         device = target.embed.weight.device
         index = {p: i for i, p in enumerate(paths)}
         self.embed, self.levels = target.embed, []

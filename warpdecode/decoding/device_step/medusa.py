@@ -32,6 +32,7 @@ class DeviceMedusa(DeviceHeads[MedusaHeads]):
         return cls(drafter)
 
     def prepare_tree(self, paths: list[RankPath], target: Transformer) -> None:
+        super().prepare_tree(paths, target)
         device = target.embed.weight.device
         self.heads = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64, device=device)
         self.ranks = torch.tensor([p[-1] for p in paths], dtype=torch.int64, device=device)
