@@ -111,15 +111,24 @@ def _check_device_step(method: Method, do_sample: bool) -> None:
     """CapabilityError unless the device step can run `method` (`generate(device_step=True)` or `step=device`)."""
     from warpdecode.decoding.controllers.fixed import FixedBudget
     from warpdecode.decoding.verifiers.greedy_match import GreedyMatch
+    from warpdecode.decoding.verifiers.oracle import OracleAcceptance
     from warpdecode.decoding.verifiers.speculative_sampling import SpeculativeSampling
 
     if method.drafter.device_drafter is None:
         raise CapabilityError(f"drafter {method.drafter.name!r} has no device form for the device step")
-    if not isinstance(method.verifier, SpeculativeSampling if do_sample else GreedyMatch):
-        raise CapabilityError("the device step verifies losslessly only: greedy matching, or speculative sampling "
-                              "when sampling")
+    if not isinstance(method.verifier, SpeculativeSampling if do_sample else (GreedyMatch, OracleAcceptance)):
+        raise CapabilityError("the device step verifies losslessly only (greedy matching, or speculative sampling "
+                              "when sampling), or with the oracle verifier for timing")
     if not isinstance(method.controller, FixedBudget):
         raise CapabilityError("the device step drafts a static tree: it takes the fixed controller only")
+
+
+def _oracle_settings(method: Method) -> tuple[float, int] | None:
+    """(accept, seed) when the method verifies with the oracle verifier (the device step's form of it)."""
+    from warpdecode.decoding.verifiers.oracle import OracleAcceptance
+
+    verifier = method.verifier
+    return (verifier.accept_probability, verifier.seed) if isinstance(verifier, OracleAcceptance) else None
 
 
 def generate(
@@ -269,7 +278,8 @@ def generate(
         new, finish, stats = run_device(model, ids, device_form(built.drafter), max_new_tokens=budget, stop_ids=stops,
                                         max_nodes=min(built.max_tree_nodes, controller.max_nodes),
                                         on_tokens=on_tokens if stream is not None else None,
-                                        sampling=sampler.config if do_sample else None)
+                                        sampling=sampler.config if do_sample else None,
+                                        oracle=_oracle_settings(built))
     else:
         new, finish, stats = run(model, ids, built, sampler, max_new_tokens=budget, stop_ids=stops,
                                  on_tokens=on_tokens if stream is not None else None, constraint=constraint,

@@ -123,3 +123,32 @@ def greedy_tree_accept(tokens: Tensor, best: Tensor, valid: Tensor, tables: Tree
     rows.scatter_(0, torch.where(on_path, tables.depths, 0),
                   torch.where(on_path, torch.arange(1, n + 1, device=best.device), 0))
     return accepted, rows, best.index_select(0, rows)
+
+
+def first_path_accept(tokens: Tensor, best: Tensor, valid: Tensor, first_path: Tensor, success: Tensor,
+                      max_depth: int, impl: Impl = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """The oracle verifier's acceptance (`decoding/verifiers/oracle.py`): along the tree's first path
+    (the first child at each level), accept each next valid node whose `success` holds, up to the first
+    that fails; the bonus token is the target's argmax after the last accepted node.
+
+    Args:
+        tokens: (W,) int64, the verify forward's tokens, pending first.
+        best: (W,) int64, the target's argmax after each forward row.
+        valid: (N,) bool, the nodes that carry a drafted token.
+        first_path: (Dp,) int64, the first path's nodes, depth 1 first (Dp <= max_depth).
+        success: (Dp,) bool, whether each of them would be accepted.
+        max_depth: the tree's depth (rows and emitted have max_depth + 1 entries).
+    Returns:
+        accepted, rows, emitted as `greedy_tree_accept` returns them.
+    """
+    resolve_impl(impl)
+    device, D, Dp = best.device, max_depth + 1, first_path.shape[0]
+    ok = (success & valid.index_select(0, first_path)).to(torch.int64).cumprod(0)  # (Dp,) still accepting
+    accepted = ok.sum()
+    pad = torch.zeros(D - Dp, dtype=torch.int64, device=device)
+    d = torch.arange(D, device=device)
+    path_rows = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), first_path + 1, pad[1:]])  # (D,)
+    rows = torch.where(d <= accepted, path_rows, 0)
+    bonus = best.index_select(0, rows.index_select(0, accepted.view(1)))  # (1,)
+    following = torch.cat([tokens.index_select(0, first_path + 1), pad])  # (D,) the token at depth d + 1
+    return accepted, rows, torch.where(d < accepted, following, bonus)

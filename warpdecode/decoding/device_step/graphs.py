@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
-from warpdecode.decoding.device_step.step import DeviceStep
+from warpdecode.decoding.device_step.step import DeviceStep, Oracle
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.models.cache import KVCache
 from warpdecode.runtime.cudagraphs import MIN_CACHE, CudaGraphBackbone
@@ -45,6 +45,7 @@ class SessionKey(NamedTuple):
     max_nodes: int
     read_every: int
     sampling: SamplingConfig | None  # without its seed (the session's seed buffer holds it)
+    oracle: tuple[float, int] | None
 
 
 def size_class(needed: int, floor: int, ceiling: int) -> int:
@@ -111,7 +112,8 @@ _SESSIONS: weakref.WeakKeyDictionary[CudaGraphBackbone, OrderedDict[SessionKey, 
 
 
 def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, stops: int, max_nodes: int,
-            read_every: int, sampling: SamplingConfig | None = None) -> StepSession:
+            read_every: int, sampling: SamplingConfig | None = None,
+            oracle: tuple[float, int] | None = None) -> StepSession:
     """The backbone's session for this drafter and a request that needs `needed` cache positions
     (prompt + new tokens + tree width) and `stops` stop tokens, greedy or with `sampling`'s warpers;
     made on first use."""
@@ -119,7 +121,7 @@ def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, s
     config, device = model.config, model.embed.weight.device
     key = SessionKey(id(drafter), size_class(needed, MIN_CACHE, config.max_seq_len + drafter.tree.width),
                      size_class(stops, MIN_STOPS, max(stops, MIN_STOPS)), max_nodes, read_every,
-                     None if sampling is None else dataclasses.replace(sampling, seed=None))
+                     None if sampling is None else dataclasses.replace(sampling, seed=None), oracle)
     sessions = _SESSIONS.setdefault(target, OrderedDict())
     if key in sessions:
         sessions.move_to_end(key)
@@ -131,7 +133,8 @@ def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, s
     seed = torch.zeros(1, dtype=torch.int64, device=device)
     sampler = None if key.sampling is None else Sampler(key.sampling, device)
     step = DeviceStep(model, drafter, state, cache, stop_buffer, max_nodes=max_nodes, sampler=sampler,
-                      seed=seed if sampler is not None else None)
+                      seed=seed if sampler is not None else None,
+                      oracle=None if oracle is None else Oracle(oracle[0], torch.tensor([oracle[1]], device=device)))
     made = StepSession(cache, state, stop_buffer, seed, step, read_every, target.graphs)
     sessions[key] = made
     while len(sessions) > MAX_SESSIONS:

@@ -16,7 +16,7 @@ import torch
 
 from warpdecode.decoding.device_step.graphs import StepSession, session
 from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
-from warpdecode.decoding.device_step.step import DeviceStep
+from warpdecode.decoding.device_step.step import DeviceStep, Oracle
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import CapabilityError
@@ -58,6 +58,7 @@ def run_device(
     read_every: int = 1,
     on_tokens: Callable[[list[int]], None] | None = None,
     sampling: SamplingConfig | None = None,
+    oracle: tuple[float, int] | None = None,
 ) -> tuple[list[int], FinishReason, DecodeStats]:
     """Greedy decoding (or sampling, with `sampling`) of up to `max_new_tokens` after `prompt_ids`
     (which leave that room in the context) with device steps.
@@ -75,6 +76,8 @@ def run_device(
             position) (`DeviceStep.select`): for a seed, the tokens plain sampling gives, whatever
             the drafter, in every form of the step. Without a seed, one comes from torch's
             default generator.
+        oracle: (accept, seed) of the oracle verifier (`verifiers/oracle.py`): each next node of
+            the tree's first path accepted with probability `accept`, the draws seeded; greedy only.
 
     A step is one piece of device work: `stats.target_seconds` is the whole loop and
     `stats.draft_seconds` stays 0.
@@ -91,6 +94,8 @@ def run_device(
     needed = n + max_new_tokens + drafter.tree.width
     if sampling is not None and (not sampling.do_sample or sampling.penalties()):
         raise ValueError("the device step samples with do_sample=True and no penalties")
+    if sampling is not None and oracle is not None:
+        raise ValueError("the oracle verifier runs greedy")
     sampler = Sampler(sampling, device) if sampling is not None else None
     seed_value = None
     if sampling is not None:
@@ -98,7 +103,7 @@ def run_device(
     steps: StepSession | None = None
     if isinstance(target, CudaGraphBackbone):  # buffers (and graphs) that last across requests
         steps = session(target, drafter, needed=needed, stops=len(stop_ids), max_nodes=max_nodes,
-                        read_every=read_every, sampling=sampling)
+                        read_every=read_every, sampling=sampling, oracle=oracle)
         cache = steps.cache
         cache.truncate(0)
         static = True
@@ -123,7 +128,8 @@ def run_device(
         stop = torch.tensor(stops, dtype=torch.int64, device=device)
         state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=drafter.tree.width,
                                   stop_ids=stop)
-        step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes, sampler=sampler, seed=seed)
+        step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes, sampler=sampler, seed=seed,
+                          oracle=None if oracle is None else Oracle(oracle[0], torch.tensor([oracle[1]], device=device)))
     read = 0
     if on_tokens is not None:
         on_tokens([int(pending[0])])

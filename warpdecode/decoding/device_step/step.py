@@ -19,6 +19,8 @@ reads them there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -26,15 +28,23 @@ from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.kernels.kv_commit import commit_tree_path
 from warpdecode.kernels.sampling import counter_uniforms, sample_rows
-from warpdecode.kernels.tree_accept import greedy_tree_accept
+from warpdecode.kernels.tree_accept import first_path_accept, greedy_tree_accept
 from warpdecode.models.cache import KVCache
 from warpdecode.models.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The oracle verifier's settings in the device step."""
+
+    accept: float  # probability of accepting each next node of the first path
+    seed: Tensor  # (1,) int64 on the device
 
 
 class DeviceStep:
     def __init__(self, model: Transformer, drafter: DeviceDrafter, state: DeviceState, cache: KVCache,
                  stop_ids: Tensor, *, max_nodes: int, sampler: Sampler | None = None,
-                 seed: Tensor | None = None) -> None:
+                 seed: Tensor | None = None, oracle: Oracle | None = None) -> None:
         """Args:
         model: the target (its static forward).
         drafter: a prepared device drafter.
@@ -46,11 +56,16 @@ class DeviceStep:
         sampler: sample instead of taking the argmax: its warpers filter each row's distribution
             (`Sampler.probs`) and the draw is `sample_rows` with the uniform of (seed, position).
         seed: (1,) int64 on the device, the request's seed (with `sampler`).
+        oracle: accept the first path's nodes with a set probability instead of verifying
+            (`first_path_accept`, the oracle verifier: timing at a chosen τ, meaningless text).
         """
         if (sampler is None) != (seed is None):
             raise ValueError("sampler and seed go together")
         self.model, self.drafter, self.state, self.cache = model, drafter, state, cache
-        self.sampler, self.seed = sampler, seed
+        self.sampler, self.seed, self.oracle = sampler, seed, oracle
+        device = state.history.device
+        self.first_path = torch.tensor(drafter.tree.first_path(), dtype=torch.int64, device=device)  # (Dp,)
+        self.first_depths = torch.arange(1, self.first_path.shape[0] + 1, device=device)  # (Dp,)
         self.stop_ids, self.max_nodes = stop_ids, max_nodes
         tables = drafter.tree.tables
         device = state.history.device
@@ -92,7 +107,11 @@ class DeviceStep:
             best = torch.zeros_like(ext).index_copy_(0, rows, self.select(logits, rows))  # (W,) 0 on rows not run
             slots = torch.zeros_like(ext).index_copy_(0, rows, torch.arange(rows.shape[0], device=rows.device))
             kept_fed = kept[rows]
-        accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
+        if self.oracle is None:
+            accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
+        else:  # the oracle's draw for the node at position p is the uniform of (its seed, p)
+            success = counter_uniforms(self.oracle.seed, s.length + self.first_depths) < self.oracle.accept
+            accepted, path, emitted = first_path_accept(ext, best, valid, self.first_path, success, tables.max_depth)
         commit_tree_path(self.cache.k, self.cache.v, s.length, slots.index_select(0, path), in_place=tables.is_chain)
         self.drafter.update(fed, logits, kept_fed)
         if hidden_layers:  # the features at the kept path's rows, and the token after each

@@ -65,6 +65,19 @@ class StaticTree:
             ))
         return cls(tuple(paths), tables, tuple(levels))
 
+    def first_path(self) -> list[int]:
+        """The nodes of the first root-to-leaf path: the first child (in node order) at each level."""
+        children: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(self.paths):
+            children.setdefault(p[:-1], []).append(i)
+        out: list[int] = []
+        node: tuple[int, ...] = ()
+        while children.get(node):
+            first = min(children[node])
+            out.append(first)
+            node = self.paths[first]
+        return out
+
     @classmethod
     def chain(cls, length: int, device: torch.device | str = "cpu") -> StaticTree:
         """A chain of `length` nodes (length 0: plain decoding)."""

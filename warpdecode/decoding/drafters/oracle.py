@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import torch
 
+from warpdecode.decoding.device_step.oracle import DeviceOracle
 from warpdecode.decoding.protocols import AcceptResult, DecodeState, Drafter
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.tree import DraftTree
@@ -26,6 +27,8 @@ from warpdecode.models.backbone import Backbone
 @register("drafter", "oracle")
 class OracleDrafter(Drafter):
     supports_batch: ClassVar[bool] = True
+    device_drafter: ClassVar[type[DeviceOracle]] = DeviceOracle
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`)."""
 
     def __init__(self, num_tokens: int = 4, width: int = 1) -> None:
         """Args:

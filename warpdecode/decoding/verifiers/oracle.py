@@ -63,6 +63,7 @@ class OracleAcceptance(Verifier):
         if depth < 1:
             raise ConfigError(f"oracle depth must be >= 1, got {depth}")
         self.accept_probability = accept if tau is None else accept_for_tau(tau, depth)
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
     def accept(self, tree: DraftTree, target_logits: Tensor, sampler: Sampler,
