@@ -11,7 +11,8 @@ the engine's plain step (`none` on the `cudagraphs` backend: host loop, one repl
 token); then for each device method the replay of one captured step (`replay ms`, `done` forced on so
 the state stays put: the same kernels run) and the host loop of the device step (`loop ms`: replays plus
 the host's read of `done` after each). Predicted speedup over the engine's plain step at τ tokens per
-forward = τ x plain ms / loop ms. Writes `sizes.jsonl` under --out and prints a markdown table.
+forward = τ x plain ms / loop ms; the oracle rows measure it end to end (a 16-node tree whose first
+path the oracle verifier accepts at τ 2.4 and 3.5, `run_device(oracle=...)`). Writes `sizes.jsonl` under --out and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import torch
 
 from warpdecode.decoding.device_step import graphs
 from warpdecode.decoding.device_step.loop import device_form, run_device
+from warpdecode.decoding.device_step.oracle import DeviceOracle
 from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.device_step.state import DeviceDrafter
 from warpdecode.decoding.engine import run
 from warpdecode.decoding.generate import build_method
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.specs import parse_method
+from warpdecode.decoding.verifiers.oracle import accept_for_tau
 from warpdecode.models.random_shapes import PREFIX, random_model
 from warpdecode.models.transformer import Transformer
 from warpdecode.runtime.cudagraphs import CudaGraphBackbone
@@ -38,6 +41,8 @@ from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 METHODS = ["plain (device step, no draft)", "prompt_lookup", "token_recycling", "token_recycling:num_nodes=16",
            "token_recycling:num_nodes=32"]
+ORACLE_TAUS = (2.4, 3.5)
+"""τ the oracle pair runs at (`run_device(oracle=...)`), measured end to end."""
 TAU = {"prompt_lookup": 1.38, "token_recycling": 1.41, "τ 2.4": 2.4, "τ 3.5": 3.5}
 """Tokens per forward: the first two measured on Spec-Bench with the default model (docs/benchmarks.md),
 the others what a stronger drafter reaches (EAGLE-class)."""
@@ -117,6 +122,18 @@ def measure(size: str, dtype_name: str, args: argparse.Namespace, out: Path) -> 
         for name, tau in TAU.items():
             row[f"speedup@{name}"] = tau * plain_ms / loop_ms
         rows.append(row)
+    for tau in ORACLE_TAUS:  # measured end to end: the oracle pair accepts at τ (random weights accept nothing)
+        drafter = DeviceOracle(num_tokens=4, width=13)  # 16 nodes: a chain of 4 and 12 siblings of its first
+        oracle = (accept_for_tau(tau, 4), 0)
+        run_device(backbone, prompt, drafter, max_new_tokens=8, stop_ids=set(), oracle=oracle)
+        _, _, ostats = run_device(backbone, prompt, drafter, max_new_tokens=3 * args.steps, stop_ids=set(),
+                                  oracle=oracle)
+        loop_ms = 1000 * ostats.target_seconds / ostats.target_forwards
+        measured_tau = ostats.new_tokens / ostats.target_forwards
+        rows.append({"size": size, "dtype": dtype_name, "method": f"oracle, 16 nodes, τ {tau}",
+                     "width": drafter.tree.width, "replay_ms": None, "loop_ms": loop_ms, "vs_plain": loop_ms / plain_ms,
+                     "captures": None, "tau": measured_tau,
+                     "measured_speedup": (ostats.new_tokens / ostats.target_seconds) / (1000 / plain_ms)})
     with (out / "sizes.jsonl").open("a") as f:
         for row in rows:
             print(json.dumps(row), flush=True)
@@ -153,7 +170,9 @@ def main() -> None:
           + " | ".join(f"speedup @ {t}" for t in taus) + " |")
     print("|---|---|---|---:|---:|---:|---:|" + "---:|" * len(taus))
     for r in rows:
-        extra = (" | ".join(fmt(r.get(f"speedup@{t}"), ".2f") + "x" for t in taus) if "captures" in r else
+        extra = (f"measured: τ {r['tau']:.2f}, {r['measured_speedup']:.2f}x" + " |" * (len(taus) - 1)
+                 if "measured_speedup" in r else
+                 " | ".join(fmt(r.get(f"speedup@{t}"), ".2f") + "x" for t in taus) if "captures" in r else
                  f"plain reads weights at {100 * r['bandwidth_share']:.0f} % of {r['copy_TBps']:.2f} TB/s"
                  + " |" * (len(taus) - 1))
         print(f"| {r['size']} | {r['dtype']} | {r['method']} | {r['width']} | {fmt(r['replay_ms'])} | "
