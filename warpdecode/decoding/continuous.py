@@ -41,6 +41,7 @@ from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.kernels.invariance import batch_invariant
+from warpdecode.kernels.ragged_attention import padded_keys
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 
@@ -112,6 +113,9 @@ class ContinuousBatch:
                                        device=target.embed.weight.device, zeroed=False)
         self.rows: list[Row] = []
         """The rows being decoded; row i lives in cache row i."""
+        self._finite = [0] * max_rows
+        """Slots of each cache row known to hold numbers (written or zeroed): the step's attention reads
+        a whole block of slots past a row's keys, with zero weight (`kernels/ragged_attention.py`)."""
         self.prefill_chunk = prefill_chunk
         self.filling: list[Row] = []
         """Rows whose prompt is being prefilled chunk by chunk (the first one, in `_scratch`), in order."""
@@ -229,7 +233,10 @@ class ContinuousBatch:
             t, p, m = tree.verify_inputs(row.new[-1], start)
             size = t.shape[1]
             tokens[i, :size], positions[i, :size], mask[i, :size, :size] = t[0], p[0], m[0]
-        with batch_invariant():
+        ragged = [i for i, row in enumerate(decoding) if row.method is not None]
+        if ragged:
+            self._clean(starts, padded_keys(int(starts.max()) + width))
+        with batch_invariant(ragged=ragged):
             out = self.target(tokens.to(device), positions.to(device), view, None if width == 1 else mask.to(device))
         paths = [self._accept(row, tree, out.logits[i], tokens[i]) for i, (row, tree) in enumerate(zip(decoding, trees, strict=True))]
         longest = max(len(path) for path in paths)
@@ -237,6 +244,16 @@ class ContinuousBatch:
         view.commit(starts, kept, torch.tensor([len(path) for path in paths]))
         self.cache.set_rows(0, view)
         return list(self.rows)
+
+    def _clean(self, starts: torch.Tensor, keys: int) -> None:
+        """Zero the keys and values of the unwritten slots below `keys` of the decoding rows (once per slot)."""
+        top = min(keys, self.max_len)
+        for i, start in enumerate(starts.tolist()):
+            low = max(self._finite[i], start)
+            if low < top:
+                self.cache.k[:, i, :, low:top] = 0
+                self.cache.v[:, i, :, low:top] = 0
+            self._finite[i] = max(self._finite[i], top)
 
     def _draft(self, row: Row, start: int, max_nodes: int | None) -> DraftTree:
         if row.method is None or row.state is None:
