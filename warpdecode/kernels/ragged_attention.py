@@ -121,15 +121,16 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     them differently for another count)."""
     if q.shape[0] * q.shape[1] < 2:  # one matrix would get every thread: run it twice
         return _attend(torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v]), torch.cat([bias, bias]))[:1]
+    N, Hkv, M, D = q.shape
     blocks = k.shape[2] // KEY_BLOCK
-    scores = (q @ k.transpose(-1, -2)).add_(bias)  # (N, Hkv, M, K)
-    probs = scores.sub_(scores.amax(-1, keepdim=True)).exp_().unflatten(-1, (blocks, KEY_BLOCK))  # (N, Hkv, M, nb, KB)
-    totals = probs.sum(-1)  # (N, Hkv, M, nb)
-    out, total = probs[:, :, :, 0] @ v[:, :, :KEY_BLOCK], totals[..., 0]  # (N, Hkv, M, D), (N, Hkv, M)
+    keys, values = k.reshape(N * Hkv, -1, D), v.reshape(N * Hkv, -1, D)  # (N Hkv, K, D), views of the cache's slots
+    scores = torch.bmm(q.reshape(N * Hkv, M, D), keys.transpose(1, 2)).view(N, Hkv, M, -1).add_(bias)  # (N, Hkv, M, K)
+    probs = scores.sub_(scores.amax(-1, keepdim=True)).exp_().view(N * Hkv, M, blocks, KEY_BLOCK)  # (N Hkv, M, nb, KB)
+    total = probs.sum(-1).cumsum(-1)[..., -1:]  # (N Hkv, M, 1): in order, in float64 (a sequential scan)
+    out = torch.bmm(probs[:, :, 0], values[:, :KEY_BLOCK])  # (N Hkv, M, D)
     for j in range(1, blocks):
-        keys = slice(j * KEY_BLOCK, (j + 1) * KEY_BLOCK)
-        out, total = out + probs[:, :, :, j] @ v[:, :, keys], total + totals[..., j]
-    return out.div_(total[..., None])
+        out = torch.baddbmm(out, probs[:, :, j], values[:, j * KEY_BLOCK : (j + 1) * KEY_BLOCK])
+    return out.div_(total).view(N, Hkv, M, D)
 
 
 def _rows(q: Tensor, rows: int) -> Tensor:
@@ -157,18 +158,19 @@ def ragged_attention(q: Tensor, k: Tensor, v: Tensor, plan: RaggedPlan, *, impl:
     if k.shape[2] < plan.keys:
         k, v = F.pad(k, (0, 0, 0, plan.keys - k.shape[2])), F.pad(v, (0, 0, 0, plan.keys - v.shape[2]))
     k, v = k[:, :, : plan.keys], v[:, :, : plan.keys]  # (B, Hkv, keys, D)
-    q = q * (1.0 / math.sqrt(D))
+    scale = 1.0 / math.sqrt(D)
     resolve_impl(impl)
     if impl == "torch":
-        return _one_by_one(q, k, v, plan)
-    grouped = _rows(q.reshape(B, Hkv, G * T, D), plan.mask.shape[2])  # (B, Hkv, M, D), row g * T + t
+        return _one_by_one(q * scale, k, v, plan)
+    grouped = q.new_zeros(B, Hkv, plan.mask.shape[2], D)  # (B, Hkv, M, D), row g * T + t, then zero rows
+    torch.mul(q.view(B, Hkv, G, T, D), scale, out=grouped[:, :, : G * T].view(B, Hkv, G, T, D))
     y = _attend(grouped, k, v, plan.bias)[:, :, : G * T].reshape(B, H, T, D)
     if plan.tree_rows is not None:
         assert plan.tree_queries is not None and plan.tree_slots is not None and plan.tree_bias is not None
         rows, queries, slots = plan.tree_rows, plan.tree_queries, plan.tree_slots
         kg = k[rows[:, None], :, slots].transpose(1, 2)  # (P, Hkv, Kg, D)
         vg = v[rows[:, None], :, slots].transpose(1, 2)  # (P, Hkv, Kg, D)
-        qg = _rows(q[rows, :, queries].reshape(-1, Hkv, G, D), plan.tree_bias.shape[2])  # (P, Hkv, Mg, D)
+        qg = _rows(q[rows, :, queries].reshape(-1, Hkv, G, D) * scale, plan.tree_bias.shape[2])  # (P, Hkv, Mg, D)
         y[rows, :, queries] = _attend(qg, kg, vg, plan.tree_bias)[:, :, :G].reshape(-1, H, D)
     return y
 
