@@ -8,7 +8,7 @@ so the rows in use stay `0 .. len(rows) - 1` (a forward reads a view of exactly 
 
 Speculation per row: a row added with a `Method` whose drafter `supports_batch` drafts a tree each
 step (its own drafter, controller and verifier state); the step's forward holds every row's pending
-token and tree, padded to the widest tree (padding rows see what the row's pending token sees and are never read),
+token and tree, padded to the widest tree (padding rows are never read),
 each row's verifier accepts its own path, and the cache keeps each row's accepted path
 (`KVCache.commit`, per row). `step(max_nodes=0)` drafts nothing this step (speculation under load:
 the caller chooses the budget from the batch size).
@@ -233,8 +233,13 @@ class ContinuousBatch:
         device = self.target.embed.weight.device
         tokens = torch.zeros(n, width, dtype=torch.int64)  # (n, T) pending, tree, padding
         positions = starts[:, None].repeat(1, width)  # (n, T)
-        mask = torch.zeros(n, width, width, dtype=torch.bool)  # (n, T, T)
-        mask[:, :, 0] = True  # padding sees what the pending token sees (a prefix of the row's slots)
+        # padding positions are never read: one SDPA per position computes them over their own slot alone
+        # (cheapest); ragged_attention over what the pending token sees (a prefix, not a gathered key)
+        if self.ragged_verify:
+            mask = torch.zeros(n, width, width, dtype=torch.bool)  # (n, T, T)
+            mask[:, :, 0] = True
+        else:
+            mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # (n, T, T)
         for i, (row, tree, start) in enumerate(zip(decoding, trees, starts.tolist(), strict=True)):
             t, p, m = tree.verify_inputs(row.new[-1], start)
             size = t.shape[1]

@@ -7,8 +7,10 @@ position computes (speculation is then bit for bit plain decoding, whether a ste
 
 The definition (`impl="torch"`, one query at a time): a query's visible keys, in cache order, are
 packed into slots `0 .. n-1` of a buffer of `ceil(n / KEY_BLOCK) * KEY_BLOCK` slots (the rest
-masked), and attention runs as a matmul of at least `MIN_QUERY_ROWS` query rows (the query's
-heads, zero rows added) over at least two matrices, a masked softmax, and a matmul with the values.
+masked); the scores are a matmul of at least `MIN_QUERY_ROWS` query rows (the query's heads, zero
+rows added) over at least two matrices; each block of `KEY_BLOCK` slots gets its softmax numerator
+summed over its own slots and its value product, and the blocks are accumulated in order (`baddbmm`
+for the values, a sequential `cumsum` for the sums), then divided.
 
 The fast path (`impl="auto"`) computes the same numbers for every query of the forward at once:
 queries that see a prefix of their row's slots (every decode step and every chain) share one
@@ -20,7 +22,13 @@ each output the same bits (checked in `tests/kernels/test_ragged_attention.py`):
 * whatever the number of query rows from 4 up (1 to 3 rows take a matrix-vector path that rounds
   differently) and of matrices from 2 up (one matrix gets both threads and rounds differently);
 * whatever the number of key columns;
-* with any number of trailing zero probabilities (masked keys) added, in multiples of `KEY_BLOCK`.
+* with any number of trailing blocks whose probabilities are all zero (masked keys).
+
+A plain `sum` over all the keys is not: its cascade order depends on the length, so trailing zeros
+regroup the sum; neither is one matmul over a longer (padded) key axis. The keys and values of every
+slot the call reads must be finite (masked slots are multiplied by exact zeros): the caller zeroes
+unwritten slots (`ContinuousBatch`). Cost: ~30 torch calls per layer, so a one-token step costs more
+than one SDPA call per row at one or a few rows (docs/notes/serving.md).
 
 Example: a row of 10 cached slots verifies the chain pending → a → b: the pending token sees slots
 0..10, `a` 0..11, `b` 0..12, each padded to 64 slots; a one-token step at `a`'s position later sees
