@@ -1,5 +1,7 @@
 """Continuous batching: rows join and leave between steps, and a row's numbers never depend on its batch."""
 
+from typing import ClassVar
+
 import pytest
 import torch
 from tiny_models import random_model
@@ -149,11 +151,12 @@ def test_quantized_targets_are_batch_invariant(bits, single_thread):
 
 
 def spec_serve(model, prompts, methods, *, new_tokens: int, max_rows: int = 8, max_nodes: int | None = None,
-               config: SamplingConfig | None = None) -> list[Row]:
+               config: SamplingConfig | None = None, ragged: bool = False,
+               batch_type: type[ContinuousBatch] = ContinuousBatch) -> list[Row]:
     """Every prompt added at once with its own method (None: plain), stepped to the end."""
     from warpdecode.decoding.generate import build_method
 
-    batch = ContinuousBatch(model, max_rows=max_rows, max_len=model.config.max_seq_len, stop_ids=set())
+    batch = batch_type(model, max_rows=max_rows, max_len=model.config.max_seq_len, stop_ids=set(), ragged_verify=ragged)
     do_sample = config is not None and config.do_sample
     rows = [batch.add(p, max_new_tokens=new_tokens, sampler=Sampler(config or SamplingConfig()),
                       method=None if m is None else build_method(m, do_sample=do_sample))
@@ -168,17 +171,46 @@ def spec_serve(model, prompts, methods, *, new_tokens: int, max_rows: int = 8, m
 BATCHABLE = ["prompt_lookup", "token_recycling", "lookahead", "adaptive_ngram", "copy_input"]
 
 
-def test_speculative_rows_equal_plain_decoding_alone(target, single_thread):
+@pytest.mark.parametrize("ragged", [False, True])
+def test_speculative_rows_equal_plain_decoding_alone(target, single_thread, ragged):
     """Ragged speculation in one forward: every row (each with its own drafter, or plain) decodes the
     tokens it decodes alone and plainly."""
     prompts = [p * 2 for p in PROMPTS]  # repeated text gives the n-gram drafters something to find
     alone = [generate(target, None, p, max_new_tokens=16, stop_at_eos=False).token_ids for p in prompts]
     methods = [*BATCHABLE[: len(prompts) - 1], None]
-    rows = spec_serve(target, prompts, methods, new_tokens=16)
+    rows = spec_serve(target, prompts, methods, new_tokens=16, ragged=ragged)
     assert [row.new for row in rows] == alone
     assert all(row.finish == "length" and len(row.new) == 16 for row in rows)
-    plain = spec_serve(target, prompts, methods, new_tokens=16, max_nodes=0)  # drafting switched off
+    plain = spec_serve(target, prompts, methods, new_tokens=16, max_nodes=0, ragged=ragged)  # drafting switched off
     assert [row.new for row in plain] == alone and all(row.stats.target_forwards == 15 for row in plain)
+
+
+class KeptLogits(ContinuousBatch):
+    """Keeps the logits of every position each row kept (its accepted path and bonus, in order)."""
+
+    kept: ClassVar[dict[Row, list[torch.Tensor]]] = {}  # shared by the batches of a test
+
+    def _accept(self, row, tree, logits, tokens):
+        kept = super()._accept(row, tree, logits, tokens)
+        self.kept.setdefault(row, []).extend(logits[i].clone() for i in kept)
+        return kept
+
+
+def test_ragged_verify_is_bit_for_bit_plain_decoding_in_any_batch(target, single_thread):
+    """With `ragged_verify`, a speculative row's logits at every position are the same bits whether it
+    drafted or not, and alone or beside other rows (drafting and plain)."""
+    prompts = [p * 2 for p in PROMPTS]
+    methods = ["oracle", "prompt_lookup", "token_recycling", "lookahead", None]
+    runs = []
+    for max_nodes, groups in ((None, [range(5)]), (0, [range(5)]), (None, [[i] for i in range(5)])):
+        rows = [row for group in groups for row in spec_serve(target, [prompts[i] for i in group], [methods[i] for i in group],
+                                                              new_tokens=14, max_nodes=max_nodes, ragged=True,
+                                                              batch_type=KeptLogits)]
+        runs.append([KeptLogits.kept[row][:13] for row in rows])  # the positions after the first token
+        if max_nodes is None:
+            assert sum(sum(row.stats.accepted_per_step) for row in rows) > 3  # verified positions are compared
+    for drafting, plain, alone in zip(*runs, strict=True):
+        assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(drafting, plain, alone, strict=True))
 
 
 def test_a_row_that_cannot_draft_in_a_batch_is_refused(target):
@@ -240,12 +272,13 @@ def test_draft_budget_drafts_where_it_measured_more_tokens_per_second():
     assert budget.rate(16, True) > budget.rate(16, False) and budget.choose(16, can_draft=True) is True
 
 
-def test_a_full_row_limits_the_others_trees(target, single_thread):
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_full_row_limits_the_others_trees(target, single_thread, ragged):
     """The step's forward pads every row to the widest tree: a row near the end of its cache row must
     not make it overflow (the others draft smaller trees then), and every row stays exact."""
     from warpdecode.decoding.generate import build_method
 
-    batch = ContinuousBatch(target, max_rows=2, max_len=40, stop_ids=set())
+    batch = ContinuousBatch(target, max_rows=2, max_len=40, stop_ids=set(), ragged_verify=ragged)
     full, drafting = list(range(3, 33)), [5, 6, 7]
     rows = [batch.add(full, max_new_tokens=10, sampler=Sampler(SamplingConfig())),
             batch.add(drafting, max_new_tokens=30, sampler=Sampler(SamplingConfig()),

@@ -8,7 +8,7 @@ so the rows in use stay `0 .. len(rows) - 1` (a forward reads a view of exactly 
 
 Speculation per row: a row added with a `Method` whose drafter `supports_batch` drafts a tree each
 step (its own drafter, controller and verifier state); the step's forward holds every row's pending
-token and tree, padded to the widest tree (padding rows see only themselves and are never read),
+token and tree, padded to the widest tree (padding rows are never read),
 each row's verifier accepts its own path, and the cache keeps each row's accepted path
 (`KVCache.commit`, per row). `step(max_nodes=0)` drafts nothing this step (speculation under load:
 the caller chooses the budget from the batch size).
@@ -41,6 +41,7 @@ from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import CapabilityError, ConfigError
 from warpdecode.kernels.invariance import batch_invariant
+from warpdecode.kernels.ragged_attention import padded_keys
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 
@@ -97,9 +98,13 @@ class ContinuousBatch:
     """Decoding of up to `max_rows` requests of up to `max_len` tokens each (prompt + new)."""
 
     def __init__(self, target: Backbone, *, max_rows: int, max_len: int, stop_ids: set[int],
-                 prefill_chunk: int | None = None) -> None:
+                 prefill_chunk: int | None = None, ragged_verify: bool = False) -> None:
         """`prefill_chunk`: prefill a longer prompt this many tokens per step, between the decoding
-        rows' steps, so that it does not hold them for its whole prefill (None: at once, in `add`)."""
+        rows' steps, so that it does not hold them for its whole prefill (None: at once, in `add`).
+        `ragged_verify`: speculative rows attend with `kernels/ragged_attention.py` (one call per layer
+        for all their positions) in every step, instead of one SDPA per row and position; both are
+        exact and batch-invariant. Measured on the 2-core CPU (docs/notes/serving.md): it halves a
+        verify step's attention but adds ~8 % to a one-token step, so it is off by default."""
         if max_rows < 1:
             raise ConfigError(f"a batch needs at least one row, got max_rows={max_rows}")
         if prefill_chunk is not None and prefill_chunk < 1:
@@ -112,7 +117,11 @@ class ContinuousBatch:
                                        device=target.embed.weight.device, zeroed=False)
         self.rows: list[Row] = []
         """The rows being decoded; row i lives in cache row i."""
+        self._finite = [0] * max_rows
+        """Slots of each cache row known to hold numbers (written or zeroed): the step's attention reads
+        a whole block of slots past a row's keys, with zero weight (`kernels/ragged_attention.py`)."""
         self.prefill_chunk = prefill_chunk
+        self.ragged_verify = ragged_verify
         self.filling: list[Row] = []
         """Rows whose prompt is being prefilled chunk by chunk (the first one, in `_scratch`), in order."""
         self._scratch: KVCache | None = None
@@ -224,12 +233,21 @@ class ContinuousBatch:
         device = self.target.embed.weight.device
         tokens = torch.zeros(n, width, dtype=torch.int64)  # (n, T) pending, tree, padding
         positions = starts[:, None].repeat(1, width)  # (n, T)
-        mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # (n, T, T) padding sees itself only
+        # padding positions are never read: one SDPA per position computes them over their own slot alone
+        # (cheapest); ragged_attention over what the pending token sees (a prefix, not a gathered key)
+        if self.ragged_verify:
+            mask = torch.zeros(n, width, width, dtype=torch.bool)  # (n, T, T)
+            mask[:, :, 0] = True
+        else:
+            mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # (n, T, T)
         for i, (row, tree, start) in enumerate(zip(decoding, trees, starts.tolist(), strict=True)):
             t, p, m = tree.verify_inputs(row.new[-1], start)
             size = t.shape[1]
             tokens[i, :size], positions[i, :size], mask[i, :size, :size] = t[0], p[0], m[0]
-        with batch_invariant():
+        ragged = [i for i, row in enumerate(decoding) if row.method is not None] if self.ragged_verify else []
+        if ragged:
+            self._clean(starts, padded_keys(int(starts.max()) + width))
+        with batch_invariant(ragged=ragged):
             out = self.target(tokens.to(device), positions.to(device), view, None if width == 1 else mask.to(device))
         paths = [self._accept(row, tree, out.logits[i], tokens[i]) for i, (row, tree) in enumerate(zip(decoding, trees, strict=True))]
         longest = max(len(path) for path in paths)
@@ -237,6 +255,16 @@ class ContinuousBatch:
         view.commit(starts, kept, torch.tensor([len(path) for path in paths]))
         self.cache.set_rows(0, view)
         return list(self.rows)
+
+    def _clean(self, starts: torch.Tensor, keys: int) -> None:
+        """Zero the keys and values of the unwritten slots below `keys` of the decoding rows (once per slot)."""
+        top = min(keys, self.max_len)
+        for i, start in enumerate(starts.tolist()):
+            low = max(self._finite[i], start)
+            if low < top:
+                self.cache.k[:, i, :, low:top] = 0
+                self.cache.v[:, i, :, low:top] = 0
+            self._finite[i] = max(self._finite[i], top)
 
     def _draft(self, row: Row, start: int, max_nodes: int | None) -> DraftTree:
         if row.method is None or row.state is None:

@@ -13,14 +13,17 @@ change with what else is in the batch (`docs/serve.md`). Two kernels break that 
 
 Inside `batch_invariant()`, the linear kernels run a single row as two (the row twice, one result
 kept) and decoding attention runs each row over exactly its own keys (`models/transformer.py`), so
-a row computes the same numbers at batch 1, 3 or 16. The flag is per thread: a server's scheduler
-thread turns it on for its forwards without changing anyone else's.
+a row computes the same numbers at batch 1, 3 or 16. Rows named in `ragged` (those that verify
+draft trees) run their attention, in decode and verify steps alike, as one `ragged_attention` for
+all of them (`kernels/ragged_attention.py`: one call per layer, not one per verified position); the
+others run one SDPA per row and query. The flags are per thread: a server's scheduler thread turns
+them on for its forwards without changing anyone else's.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -30,18 +33,24 @@ _state = threading.local()
 
 
 @contextmanager
-def batch_invariant(on: bool = True) -> Iterator[None]:
-    """Run the forwards in this block (this thread only) batch-invariantly."""
-    previous = getattr(_state, "on", False)
-    _state.on = on
+def batch_invariant(on: bool = True, ragged: Sequence[int] = ()) -> Iterator[None]:
+    """Run the forwards in this block (this thread only) batch-invariantly; `ragged`: the rows whose
+    attention runs as `ragged_attention` (a row must use it at every step, or never)."""
+    previous = getattr(_state, "on", False), getattr(_state, "ragged", ())
+    _state.on, _state.ragged = on, tuple(ragged)
     try:
         yield
     finally:
-        _state.on = previous
+        _state.on, _state.ragged = previous
 
 
 def is_batch_invariant() -> bool:
     return getattr(_state, "on", False)
+
+
+def ragged_rows() -> tuple[int, ...]:
+    """The rows of this thread's batch-invariant forwards that run `ragged_attention`."""
+    return getattr(_state, "ragged", ()) if is_batch_invariant() else ()
 
 
 def rows_invariant(matmul: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

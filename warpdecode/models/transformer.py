@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
-from warpdecode.kernels.invariance import is_batch_invariant
+from warpdecode.kernels.invariance import is_batch_invariant, ragged_rows
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.kernels.quantized import Int8Weight
+from warpdecode.kernels.ragged_attention import RaggedPlan, plan_ragged, ragged_attention
 from warpdecode.models.backbone import BackboneOutput
 from warpdecode.models.cache import KVCache, WritePlan
 from warpdecode.models.config import ModelConfig
@@ -53,12 +54,24 @@ class LayerContext:
     layers then read the whole cache instead of `plan`'s used prefix."""
     seen: dict[str, list[list[int | Tensor]]] = field(default_factory=dict)
     """`visible_keys(mask)`, computed by the first layer that needs it and shared by the others."""
+    ragged: dict[int, RaggedPlan] = field(default_factory=dict)
+    """`plan_ragged` of the forward's visibility per query heads per key head, computed once."""
 
     def visible(self) -> list[list[int | Tensor]]:
         if "keys" not in self.seen:
             assert self.mask is not None
             self.seen["keys"] = visible_keys(self.mask)
         return self.seen["keys"]
+
+    def ragged_plan(self, B: int, T: int, groups: int, like: Tensor) -> RaggedPlan:
+        """The forward's `RaggedPlan` for (B, T) new queries like `like` (no mask: every query sees every
+        used slot)."""
+        if groups not in self.ragged:
+            assert self.plan is not None
+            visible = (self.mask[:, 0] if self.mask is not None
+                       else torch.ones(B, T, self.plan.used, dtype=torch.bool, device=like.device))
+            self.ragged[groups] = plan_ragged(visible, groups, like.dtype)
+        return self.ragged[groups]
 
 
 def visible_keys(mask: Tensor) -> list[list[int | Tensor]]:
@@ -205,8 +218,8 @@ class Attention(nn.Module):
             assert ctx.plan is not None
             k, v = ctx.cache.write(layer, k, v, ctx.plan)  # (B, Hkv, S_used, D)
         gqa = self.n_kv_head != self.n_head
-        if ctx.plan is not None and (B > 1 or T > 1) and is_batch_invariant():
-            y = self._invariant(q, k, v, ctx)  # (B, H, T, D)
+        if ctx.plan is not None and ctx.cache is not None and is_batch_invariant():
+            y = self._invariant(q, k, v, ctx, layer)  # (B, H, T, D)
         elif self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
             keys: list[int | Tensor] = ctx.visible()[0] if ctx.mask is not None else [k.shape[2]] * T
             y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, keys[i]) for i in range(T)], dim=2)  # (1, H, T, D)
@@ -216,22 +229,39 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
-    def _invariant(self, q: Tensor, k: Tensor, v: Tensor, ctx: LayerContext) -> Tensor:
-        """Every query of every row over exactly the keys it sees, in cache order (`batch_invariant()`):
-        what that position computes alone in a one-token step, whatever else the forward holds.
-        q: (B, H, T, D); k, v: (B, Hkv, S_used, D). Returns (B, H, T, D)."""
+    def _invariant(self, q: Tensor, k: Tensor, v: Tensor, ctx: LayerContext, layer: int) -> Tensor:
+        """Every query of every row over exactly the keys it sees (`batch_invariant()`): what that
+        position computes alone in a one-token step, whatever else the forward holds. The rows named by
+        `ragged_rows()` (rows that verify draft trees) run as one `ragged_attention`, the others as one
+        SDPA per row and query. q: (B, H, T, D); k, v: (B, Hkv, S_used, D). Returns (B, H, T, D)."""
         B, _, T, _ = q.shape
+        ragged = [b for b in ragged_rows() if b < B]
+        y = None
+        if ragged:
+            assert ctx.cache is not None
+            plan = ctx.ragged_plan(B, T, self.n_head // self.n_kv_head, q)
+            y = ragged_attention(q, ctx.cache.k[layer], ctx.cache.v[layer], plan)  # (B, H, T, D)
+            if len(ragged) == B:
+                return y
         gqa = self.n_kv_head != self.n_head
-        if T == 1:
+        if B == 1 and T == 1:
+            plain = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        elif T == 1:
             assert ctx.plan is not None
             lengths = (ctx.plan.start + 1).tolist()  # each row's keys: its cache and the new token
-            return torch.cat([F.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
-                                                             enable_gqa=gqa) for b, n in enumerate(lengths)])
-        if ctx.mask is None:
-            raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
-        keys = ctx.visible()
-        return torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], keys[b][i])
-                                     for i in range(T)], dim=2) for b in range(B)])
+            plain = torch.cat([F.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
+                                                              enable_gqa=gqa) for b, n in enumerate(lengths)])
+        else:
+            if ctx.mask is None:
+                raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
+            keys = ctx.visible()
+            plain = torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], keys[b][i])
+                                          for i in range(T)], dim=2) if y is None or b not in ragged else y[b : b + 1]
+                               for b in range(B)])
+        if y is None:
+            return plain
+        index = torch.tensor(ragged, device=q.device)
+        return plain.index_copy_(0, index, y.index_select(0, index))
 
     def _one_row(self, q: Tensor, k: Tensor, v: Tensor, keys: int | Tensor) -> Tensor:
         """One query row over exactly the keys it sees, in cache order and unmasked, as a one-token step
