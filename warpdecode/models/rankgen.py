@@ -43,7 +43,7 @@ class RankGenConfig:
     max_prefix: int = 64
     """Prefix tokens read: the prefix's last ones."""
     max_continuation: int = 64
-    """Continuation tokens read: the continuation's first ones."""
+    """Continuation tokens read (the older tokens of a longer one extend the prefix: `RankGenNet.scores`)."""
     temperature: float = 0.05
     """Scores are cosine similarities over this."""
 
@@ -109,10 +109,14 @@ class RankGenNet(nn.Module):
 
     @torch.inference_mode()
     def scores(self, prefix: list[int], continuations: list[list[int]]) -> list[float]:
-        """How well each continuation follows `prefix`: cosine similarity over the temperature."""
-        query = self.encode(*self.rows([prefix], "prefix"), "prefix")  # (1, width)
-        keys = self.encode(*self.rows(continuations, "continuation"), "continuation")  # (N, width)
-        return ((keys @ query[0]) / self.config.temperature).tolist()
+        """How well each continuation follows `prefix`: cosine similarity over the temperature. A continuation
+        longer than `max_continuation` is read as its last `max_continuation` tokens after the prefix
+        extended by the rest (how well its newest text follows everything before it)."""
+        limit = self.config.max_continuation
+        prefixes = [prefix + c[:-limit] if len(c) > limit else prefix for c in continuations]
+        queries = self.encode(*self.rows(prefixes, "prefix"), "prefix")  # (N, width)
+        keys = self.encode(*self.rows([c[-limit:] for c in continuations], "continuation"), "continuation")  # (N, width)
+        return ((keys * queries).sum(-1) / self.config.temperature).tolist()
 
 
 def save_rankgen(net: RankGenNet, target: dict[str, Any], path: str | Path, training: dict[str, Any] | None = None) -> Path:

@@ -100,6 +100,8 @@ def test_scorer_file_round_trip_and_refusals(tmp_path):
     scorer = RankGenScorer.load(str(path), model)
     candidates = [Candidate([3, 4, 5], "length"), Candidate([9], "eos"), Candidate(list(range(10, 20)), "length")]
     assert scorer.score(PROMPT * 5, candidates) == pytest.approx(net.scores(PROMPT * 5, [c.token_ids for c in candidates]))
+    long = list(range(10, 20))  # 10 tokens, max_continuation 6: its first 4 are read as prefix
+    assert net.scores(PROMPT, [long]) == pytest.approx(net.scores(PROMPT + long[:4], [long[4:]]))
     out = run(registry.build("search", "rankgen", path=str(path), beams=2, samples=2, chunk=3), model, max_new_tokens=6)
     assert out.candidates[0].score == pytest.approx(scorer.score(PROMPT, out.candidates)[0], abs=1e-4)
     with pytest.raises(CheckpointError, match="trained for 'tiny'"):  # another model

@@ -35,7 +35,8 @@ from warpdecode.models.tokenizer import Tokenizer
 
 class RankGenScorer:
     """A trained RankGen encoder behind the `Scorer` protocol: the prompt is the prefix (its last
-    `max_prefix` tokens), each candidate's tokens the continuation (its first `max_continuation`)."""
+    `max_prefix` tokens), each candidate's tokens the continuation; a candidate longer than
+    `max_continuation` has its older tokens read as part of the prefix (`RankGenNet.scores`)."""
 
     def __init__(self, net: RankGenNet) -> None:
         self.net = net
