@@ -10,6 +10,7 @@ from warpdecode.decoding.search import (  # noqa: F401
     first_finish,
     icn,
     pg_td,
+    rankgen,
     sample,
     superposed,
     transfer_q,
