@@ -8,8 +8,14 @@ the summed median times is the number to read.
 `first_finish`: First Finish Search vs best-of-N (log-probability scorer) with the same n, seed and GSM8K
 questions: tokens spent, wall time and GSM8K accuracy of the answer each returns, beside greedy.
 
+`diverse_beam`: diverse beam search (one beam per group, Hamming penalty `--diversity-penalty`) vs beam
+search with as many beams, every beam returned: how alike a prompt's returned sequences are (self-BLEU-4
+among them, distinct-2 over them), the mean log-probability per token of the returned sequences, and the
+time, prompts interleaved.
+
     python scripts/bench_search.py --num-beams 4 --max-new-tokens 48 --prompts 6 --repeats 3 --threads 1
     python scripts/bench_search.py --strategy first_finish --n 4 --prompts 10 --max-new-tokens 192
+    python scripts/bench_search.py --strategy diverse_beam --num-beams 4 --prompts 8 --max-new-tokens 48
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from warpdecode.bench.peers import load_transformers_model
 from warpdecode.bench.prompts import gsm8k_test_rows, load_prompts
 from warpdecode.decoding import registry
 from warpdecode.decoding.generate import encode_prompt, generate
+from warpdecode.metrics.open_ended import DistinctN, SelfBLEU
 from warpdecode.models.checkpoint import load_pretrained, resolve
 from warpdecode.models.named import DEFAULT_MODEL
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", choices=("beam", "first_finish"), default="beam")
+    parser.add_argument("--strategy", choices=("beam", "first_finish", "diverse_beam"), default="beam")
+    parser.add_argument("--diversity-penalty", type=float, default=1.0, help="diverse_beam: Hamming penalty λ")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--n", type=int, default=4, help="first_finish: samples per question")
     parser.add_argument("--temperature", type=float, default=0.7, help="first_finish: sampling temperature")
@@ -52,6 +60,9 @@ def main() -> None:
     model, tokenizer = load_pretrained(directory)
     if args.strategy == "first_finish":
         first_finish(model, tokenizer, args)
+        return
+    if args.strategy == "diverse_beam":
+        diverse_beam(model, tokenizer, args)
         return
     peer = load_transformers_model(directory)
     spec = load_prompts("spec_bench", limit=1)[: (args.prompts + 1) // 2]
@@ -120,6 +131,38 @@ def first_finish(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
         print(f"{name:>12}: {t['tokens']:6d} tokens  {t['seconds']:7.1f} s  {t['correct']}/{len(rows)} correct")
     print(f"first_finish spent {totals['first_finish']['tokens'] / totals['best_of_n']['tokens']:.2f}x best_of_n's "
           f"tokens and {totals['first_finish']['seconds'] / totals['best_of_n']['seconds']:.2f}x its time (n={args.n})")
+    if args.json:
+        print(json.dumps(totals))
+
+
+def diverse_beam(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
+    """Diverse beam search (G = num_beams groups of one beam) vs beam search, every beam returned."""
+    spec = load_prompts("spec_bench", limit=1)[: (args.prompts + 1) // 2]
+    code = load_prompts("humaneval")[: args.prompts // 2]
+    prompts = [encode_prompt(tokenizer, p.text, chat=p.chat) for p in spec + code]
+    beams = args.num_beams
+    configs = {"beam": {"num_beams": beams},
+               "diverse_beam": {"num_beams": beams, "num_beam_groups": beams, "diversity_penalty": args.diversity_penalty}}
+    totals = {name: {"self_bleu": [], "distinct2": [], "logprob": [], "seconds": 0.0} for name in configs}
+    for ids in prompts:
+        for name, options in configs.items():
+            out = generate(model, tokenizer, ids, max_new_tokens=args.max_new_tokens, num_return_sequences=beams,
+                           **options)
+            seqs = [s.token_ids for s in out.sequences]
+            bleu, distinct = SelfBLEU(4), DistinctN(2)
+            bleu.update(seqs)
+            distinct.update(seqs)
+            totals[name]["self_bleu"].append(float(bleu.compute()))
+            totals[name]["distinct2"].append(float(distinct.compute()))
+            totals[name]["logprob"].append(statistics.mean(s.logprob / max(1, len(s.token_ids))
+                                                           for s in out.sequences))
+            totals[name]["seconds"] += out.stats.seconds
+    for name, t in totals.items():
+        print(f"{name:>12}: self-BLEU-4 among a prompt's beams {statistics.mean(t['self_bleu']):.3f}  distinct-2 "
+              f"{statistics.mean(t['distinct2']):.3f}  log-prob/token {statistics.mean(t['logprob']):.3f}  "
+              f"{t['seconds']:.1f} s")
+    print(f"diverse_beam took {totals['diverse_beam']['seconds'] / totals['beam']['seconds']:.2f}x beam's time "
+          f"({beams} beams, λ {args.diversity_penalty}, {len(prompts)} prompts)")
     if args.json:
         print(json.dumps(totals))
 
