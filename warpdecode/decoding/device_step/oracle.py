@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.device_step.state import DeviceState
+from warpdecode.decoding.device_step.state import DeviceState, ReadsNoFeatures
 from warpdecode.decoding.device_step.tree import StaticTree
 from warpdecode.models.transformer import Transformer
 
@@ -19,9 +19,7 @@ if TYPE_CHECKING:
     from warpdecode.decoding.drafters.oracle import OracleDrafter
 
 
-class DeviceOracle:
-    feature_layers: tuple[int, ...] = ()
-
+class DeviceOracle(ReadsNoFeatures):
     def __init__(self, num_tokens: int, width: int) -> None:
         self.paths = [(0,) * d for d in range(1, num_tokens + 1)] + [(r,) for r in range(1, width)]
         self.tree = StaticTree.of_rank_paths(self.paths)
@@ -39,11 +37,3 @@ class DeviceOracle:
         tokens = state.pending().expand(self.tree.size).clone()  # (N,)
         return tokens, torch.arange(1, self.tree.size + 1, device=room.device) <= room
 
-    def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
-        pass
-
-    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
-        pass
-
-    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
-        pass

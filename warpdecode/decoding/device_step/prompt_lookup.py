@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.device_step.state import DeviceState
+from warpdecode.decoding.device_step.state import DeviceState, ReadsNoFeatures
 from warpdecode.decoding.device_step.tree import StaticTree
 from warpdecode.models.transformer import Transformer
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from warpdecode.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
 
-class DevicePromptLookup:
+class DevicePromptLookup(ReadsNoFeatures):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, scale: bool = True) -> None:
         """The options of `PromptLookupDrafter`, which checks them."""
         self.max_ngram, self.min_ngram, self.num_tokens, self.scale = max_ngram, min_ngram, num_tokens, scale
@@ -37,8 +37,6 @@ class DevicePromptLookup:
     @classmethod
     def of(cls, drafter: PromptLookupDrafter) -> DevicePromptLookup:
         return cls(drafter.max_ngram, drafter.min_ngram, drafter.num_tokens, drafter.scale)
-
-    feature_layers: tuple[int, ...] = ()
 
     def prepare(self, target: Transformer) -> None:
         device = target.embed.weight.device
@@ -64,11 +62,3 @@ class DevicePromptLookup:
         valid = (n > 0) & (i < chain) & (i < room) & (source <= length)
         return history.index_select(0, source.clamp(max=H - 1)), valid
 
-    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
-        pass  # reads no hidden state
-
-    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
-        pass
-
-    def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
-        pass  # the history is the drafter's whole state

@@ -109,3 +109,19 @@ class DeviceDrafter(Protocol):
         token first; rows past `count` are stale), `tokens` (P,) int64 the token after each (the
         accepted tokens, then the bonus one), `count` () int64 the rows that count (accepted + 1);
         `keep` () bool, False when the step changed nothing (after the end)."""
+
+
+class ReadsNoFeatures:
+    """Base of the device drafters that read no target hidden state and learn only through `update`
+    (or not at all): `feature_layers` is empty, `start` and `observe` do nothing."""
+
+    feature_layers: tuple[int, ...] = ()
+
+    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
+        """Nothing to read: no feature layers."""
+
+    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
+        """Nothing to read: no feature layers."""
+
+    def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
+        """Nothing to learn from the target's logits (overridden by drafters that do)."""

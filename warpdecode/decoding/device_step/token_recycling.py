@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.device_step.state import DeviceState
+from warpdecode.decoding.device_step.state import DeviceState, ReadsNoFeatures
 from warpdecode.decoding.device_step.tree import StaticTree
 from warpdecode.errors import CapabilityError
 from warpdecode.models.transformer import Transformer
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from warpdecode.decoding.drafters.token_recycling import TokenRecyclingDrafter
 
 
-class DeviceTokenRecycling:
+class DeviceTokenRecycling(ReadsNoFeatures):
     def __init__(self, paths: list[tuple[int, ...]], top_k: int) -> None:
         """Args:
         paths: the static tree's rank paths (the host drafter's `shape`).
@@ -37,8 +37,6 @@ class DeviceTokenRecycling:
     @classmethod
     def of(cls, drafter: TokenRecyclingDrafter) -> DeviceTokenRecycling:
         return cls(drafter.shape, drafter.top_k)
-
-    feature_layers: tuple[int, ...] = ()
 
     def prepare(self, target: Transformer) -> None:
         vocab_size, device = target.config.vocab_size, target.embed.weight.device
@@ -63,12 +61,6 @@ class DeviceTokenRecycling:
         valid = filled[1:]
         valid &= valid.cumsum(0) <= room  # the first `room` drafted nodes, as the host drafter stops
         return tokens[1:], valid
-
-    def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
-        pass  # reads no hidden state
-
-    def observe(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, keep: Tensor) -> None:
-        pass
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         assert self.matrix is not None, "prepare() must run first"

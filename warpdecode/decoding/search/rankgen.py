@@ -24,7 +24,7 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, with_text
+from warpdecode.decoding.search.rows import MAX_ROWS, next_row_logits, prefill_rows, with_text
 from warpdecode.decoding.search.scorers import Scorer
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
@@ -117,11 +117,7 @@ class RankGenSearch(SearchStrategy):
             still = [j for j, i in enumerate(active) if rows[i].finish is None]
             if not still or step == self.chunk - 1:
                 return {active[j]: j for j in still}
-            if len(still) < len(active):
-                cache.keep_rows(still)
-            active = [active[j] for j in still]
-            pending = torch.tensor([[rows[i].tokens[-1]] for i in active], device=model.embed.weight.device)
-            logits = model(pending, cache=cache).logits[:, -1]  # (B_active, V)
+            active, logits = next_row_logits(model, cache, [r.tokens for r in rows], active, still)  # (B_active, V)
             stats.target_forwards += 1
         raise AssertionError("unreachable: chunk >= 1")
 

@@ -34,6 +34,23 @@ def prefill_rows(model: Backbone, prompt: list[int], rows: int, max_len: int) ->
     return cache, out.logits[0, -1].float()
 
 
+def next_row_logits(model: Backbone, cache: KVCache, tokens: list[list[int]], active: list[int],
+                    still: list[int]) -> tuple[list[int], Tensor]:
+    """Keep only the cache rows `still` (positions in `active`) and run each one's last token.
+
+    Args:
+        tokens: every row's tokens so far (the last one not yet in the cache).
+        active: the rows in the cache, in cache order; still: the indices into `active` that go on.
+    Returns:
+        the rows left in the cache, in cache order, and their (B, V) next-token logits (one forward).
+    """
+    if len(still) < len(active):
+        cache.keep_rows(still)
+    active = [active[j] for j in still]
+    pending = torch.tensor([[tokens[i][-1]] for i in active], device=model.embed.weight.device)
+    return active, model(pending, cache=cache).logits[:, -1]
+
+
 def banned_ngrams(tokens: Tensor, n: int) -> Tensor:
     """Which next tokens would repeat an n-gram already in each row (Hugging Face's `no_repeat_ngram_size`,
     prompt included): a window whose first n-1 tokens equal the row's last n-1 tokens bans its last token.

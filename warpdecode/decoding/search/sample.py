@@ -22,7 +22,7 @@ from warpdecode.decoding.processors import TokenHistory
 from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.search.protocols import SearchResult, SearchStrategy
-from warpdecode.decoding.search.rows import MAX_ROWS, prefill_rows, with_text
+from warpdecode.decoding.search.rows import MAX_ROWS, next_row_logits, prefill_rows, with_text
 from warpdecode.decoding.search.speculative_rows import sample_rows_speculative
 from warpdecode.decoding.stop_strings import StopStrings
 from warpdecode.errors import ConfigError
@@ -108,11 +108,7 @@ def decode_rows(model: Backbone, tokenizer: Tokenizer | None, prompt: list[int],
         still = [j for j, i in enumerate(active) if rows[i].finish is None]
         if not still:
             break
-        if len(still) < len(active):
-            cache.keep_rows(still)
-        active = [active[j] for j in still]
-        pending = torch.tensor([[rows[i].tokens[-1]] for i in active], device=model.embed.weight.device)
-        logits = model(pending, cache=cache).logits[:, -1]  # (B_active, V)
+        active, logits = next_row_logits(model, cache, [r.tokens for r in rows], active, still)  # (B_active, V)
         stats.target_forwards += 1
     stats.seconds = time.perf_counter() - start
     stats.target_seconds = stats.seconds - stats.time_to_first_token
