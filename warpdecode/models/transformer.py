@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.exact_attention import Visibility, exact_attention, resolve_exact_impl
 from warpdecode.kernels.invariance import is_batch_invariant, ragged_rows
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.kernels.quantized import Int8Weight
@@ -52,15 +53,17 @@ class LayerContext:
     slots: Tensor | None = None
     """(T,) int64 cache slots on the device for the new tokens (`Transformer.forward_static`); the
     layers then read the whole cache instead of `plan`'s used prefix."""
-    seen: dict[str, list[list[int | Tensor]]] = field(default_factory=dict)
-    """`visible_keys(mask)`, computed by the first layer that needs it and shared by the others."""
+    seen: dict[str, Visibility] = field(default_factory=dict)
+    """The `Visibility` of the forward's queries, computed by the first layer that needs it and shared."""
     ragged: dict[int, RaggedPlan] = field(default_factory=dict)
     """`plan_ragged` of the forward's visibility per query heads per key head, computed once."""
 
-    def visible(self) -> list[list[int | Tensor]]:
+    def visible(self, B: int, T: int, used: int) -> Visibility:
+        """Which of the `used` cache slots each of the (B, T) new queries sees: the mask's, or every
+        used slot when there is none."""
         if "keys" not in self.seen:
-            assert self.mask is not None
-            self.seen["keys"] = visible_keys(self.mask)
+            self.seen["keys"] = (Visibility.of_mask(self.mask) if self.mask is not None
+                                 else Visibility.of_prefixes(torch.full((B, T), used)))
         return self.seen["keys"]
 
     def ragged_plan(self, B: int, T: int, groups: int, like: Tensor) -> RaggedPlan:
@@ -72,25 +75,6 @@ class LayerContext:
                        else torch.ones(B, T, self.plan.used, dtype=torch.bool, device=like.device))
             self.ragged[groups] = plan_ragged(visible, groups, like.dtype)
         return self.ragged[groups]
-
-
-def visible_keys(mask: Tensor) -> list[list[int | Tensor]]:
-    """The keys each query of each row sees: `n` when they are the first `n` slots (a chain, or any
-    query whose ancestors are the nodes just before it), else their (S_visible,) slot indices.
-
-    Example: a row whose 10 cached slots are followed by the tree pending → {a, b}, a → c: the pending
-    token sees 11 slots, `a` 12, `b` slots 0..10 and 12 (not `a`'s 11), `c` 0..11 and 13.
-
-    Args:
-        mask: (B, 1, T, S) bool, which slots each query sees.
-    """
-    counts = mask.sum(-1)[:, 0]  # (B, T)
-    prefix = ((torch.arange(mask.shape[-1], device=mask.device) < counts[..., None]) == mask[:, 0]).all(-1)  # (B, T)
-    out: list[list[int | Tensor]] = []
-    for b, (row_counts, row_prefix) in enumerate(zip(counts.tolist(), prefix.tolist(), strict=True)):
-        out.append([n if is_prefix else mask[b, 0, i].nonzero().squeeze(1)
-                    for i, (n, is_prefix) in enumerate(zip(row_counts, row_prefix, strict=True))])
-    return out
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -172,19 +156,19 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 ROW_BY_ROW_MAX = 128
-"""Most query rows a `row_by_row` attention runs one at a time (a decode or verify step); longer
-forwards (a prefill, the same in plain and speculative decoding) run as one."""
+"""Most query rows a `row_by_row` attention runs as `exact_attention` (a decode or verify step);
+longer forwards (a prefill, the same in plain and speculative decoding) run as one SDPA."""
 
 
 class Attention(nn.Module):
     row_by_row: bool = False
-    """Run each query row of a batch-1 forward of up to `ROW_BY_ROW_MAX` rows as its own one-row
-    attention over exactly the keys its mask lets it see, so that a verify forward (a chain or a tree)
-    computes every row exactly as a one-token step after the same tokens does. Set on
-    quantised targets: SDPA's result for a row differs in the last fp32 bits between a one-row and a
-    many-row call over more (masked) keys (4e-5 in the default model's logits), which a bf16-activation
-    matmul downstream rounds into differences of 0.1-0.3 in the logits, enough to flip near-tied greedy
-    tokens."""
+    """Run the attention of a batch-1 decode or verify forward of up to `ROW_BY_ROW_MAX` queries as
+    `exact_attention` (kernels/exact_attention.py): every query over exactly the keys its mask lets it
+    see, so that a verify forward (a chain or a tree) computes every query exactly as a one-token step
+    after the same tokens does. Set on quantised targets: SDPA's result for a query differs in the last
+    fp32 bits between a one-query and a many-query call over more (masked) keys (4e-5 in the default
+    model's logits), which a bf16-activation matmul downstream rounds into differences of 0.1-0.3 in
+    the logits, enough to flip near-tied greedy tokens."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -220,9 +204,8 @@ class Attention(nn.Module):
         gqa = self.n_kv_head != self.n_head
         if ctx.plan is not None and ctx.cache is not None and is_batch_invariant():
             y = self._invariant(q, k, v, ctx, layer)  # (B, H, T, D)
-        elif self.row_by_row and B == 1 and not ctx.is_causal and 1 < T <= ROW_BY_ROW_MAX:
-            keys: list[int | Tensor] = ctx.visible()[0] if ctx.mask is not None else [k.shape[2]] * T
-            y = torch.cat([self._one_row(q[:, :, i : i + 1], k, v, keys[i]) for i in range(T)], dim=2)  # (1, H, T, D)
+        elif self.row_by_row and B == 1 and ctx.plan is not None and T <= ROW_BY_ROW_MAX:
+            y = exact_attention(q, k, v, ctx.visible(B, T, k.shape[2]))  # (1, H, T, D)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal,
                                                enable_gqa=gqa)  # (B, H, T, D)
@@ -231,47 +214,25 @@ class Attention(nn.Module):
 
     def _invariant(self, q: Tensor, k: Tensor, v: Tensor, ctx: LayerContext, layer: int) -> Tensor:
         """Every query of every row over exactly the keys it sees (`batch_invariant()`): what that
-        position computes alone in a one-token step, whatever else the forward holds. The rows named by
-        `ragged_rows()` (rows that verify draft trees) run as one `ragged_attention`, the others as one
-        SDPA per row and query. q: (B, H, T, D); k, v: (B, Hkv, S_used, D). Returns (B, H, T, D)."""
+        position computes alone in a one-token step, whatever else the forward holds. With the native
+        exact attention, that is one call for every row; otherwise the rows named by `ragged_rows()`
+        (rows that verify draft trees) run as one `ragged_attention`, the others as one SDPA per row
+        and query. q: (B, H, T, D); k, v: (B, Hkv, S_used, D). Returns (B, H, T, D)."""
         B, _, T, _ = q.shape
+        if T > 1 and ctx.mask is None:
+            raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
+        visible = ctx.visible(B, T, k.shape[2])
         ragged = [b for b in ragged_rows() if b < B]
-        y = None
-        if ragged:
-            assert ctx.cache is not None
-            plan = ctx.ragged_plan(B, T, self.n_head // self.n_kv_head, q)
-            y = ragged_attention(q, ctx.cache.k[layer], ctx.cache.v[layer], plan)  # (B, H, T, D)
-            if len(ragged) == B:
-                return y
-        gqa = self.n_kv_head != self.n_head
-        if B == 1 and T == 1:
-            plain = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-        elif T == 1:
-            assert ctx.plan is not None
-            lengths = (ctx.plan.start + 1).tolist()  # each row's keys: its cache and the new token
-            plain = torch.cat([F.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
-                                                              enable_gqa=gqa) for b, n in enumerate(lengths)])
-        else:
-            if ctx.mask is None:
-                raise ValueError("a batch-invariant forward of several tokens per row needs their tree mask")
-            keys = ctx.visible()
-            plain = torch.cat([torch.cat([self._one_row(q[b : b + 1, :, i : i + 1], k[b : b + 1], v[b : b + 1], keys[b][i])
-                                          for i in range(T)], dim=2) if y is None or b not in ragged else y[b : b + 1]
-                               for b in range(B)])
-        if y is None:
-            return plain
+        if not ragged or resolve_exact_impl("auto", q) == "native":
+            return exact_attention(q, k, v, visible)
+        assert ctx.cache is not None
+        plan = ctx.ragged_plan(B, T, self.n_head // self.n_kv_head, q)
+        y = ragged_attention(q, ctx.cache.k[layer], ctx.cache.v[layer], plan)  # (B, H, T, D)
+        if len(ragged) == B:
+            return y
+        plain = exact_attention(q, k, v, visible, impl="torch")
         index = torch.tensor(ragged, device=q.device)
         return plain.index_copy_(0, index, y.index_select(0, index))
-
-    def _one_row(self, q: Tensor, k: Tensor, v: Tensor, keys: int | Tensor) -> Tensor:
-        """One query row over exactly the keys it sees, in cache order and unmasked, as a one-token step
-        computes it. q: (1, H, 1, D); k, v: (1, Hkv, S, D); keys: the first `keys` slots, or (S_visible,)
-        slot indices (`visible_keys`)."""
-        if isinstance(keys, int):
-            k, v = k[:, :, :keys], v[:, :, :keys]
-        else:
-            k, v = k.index_select(2, keys), v.index_select(2, keys)
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.n_kv_head != self.n_head)
 
 
 class MLP(nn.Module):

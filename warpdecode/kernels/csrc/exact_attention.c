@@ -1,0 +1,173 @@
+/* Exact attention for decode and verify steps: every query over exactly the keys it sees.
+ *
+ * Each (row, query, key head) task computes its query heads' softmax(q k^T * scale) v over the
+ * query's visible slots, in slot order: the first `prefix` slots of its row, then the `extra`
+ * slots listed for it (tree ancestors past the prefix). The arithmetic of a task depends only on
+ * its own query and keys (fixed loop orders, per-lane partial sums reduced in a fixed order), never
+ * on the other tasks of the call or on which thread runs it: a query computes the same bits in a
+ * one-token step, a chain or tree verify, and a batch of any size. See exact_attention.py.
+ *
+ * Vectors are GCC/Clang vector extensions (16 floats), lowered to whatever the CPU has.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+typedef float v16 __attribute__((vector_size(LANES * sizeof(float))));
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The 16 lanes summed in a fixed pairwise order: lane i += lane i + 8, then i + 4, i + 2, i + 1. */
+typedef int32_t i16v __attribute__((vector_size(LANES * sizeof(int32_t))));
+static inline float reduce16(v16 a) {
+    a += __builtin_shuffle(a, (i16v){8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+    a += __builtin_shuffle(a, (i16v){4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+    a += __builtin_shuffle(a, (i16v){2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+    a += __builtin_shuffle(a, (i16v){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+    return a[0];
+}
+
+/* Dot products of `a` (n floats) with four rows: per row, LANES partial sums over d (lane l takes
+ * d = l, l + 16, ...), then reduce16. Every key's score goes through this one function (a short
+ * block repeats its last row), so a key's bits never depend on its neighbours. */
+static inline void dot4(const float *a, const float *const b[4], int64_t n, float out[4]) {
+    v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+    int64_t d = 0;
+    for (; d + LANES <= n; d += LANES) {
+        const v16 x = load16(a + d);
+        acc0 += x * load16(b[0] + d);
+        acc1 += x * load16(b[1] + d);
+        acc2 += x * load16(b[2] + d);
+        acc3 += x * load16(b[3] + d);
+    }
+    for (int l = 0; d < n; ++d, ++l) {
+        acc0[l] += a[d] * b[0][d];
+        acc1[l] += a[d] * b[1][d];
+        acc2[l] += a[d] * b[2][d];
+        acc3[l] += a[d] * b[3][d];
+    }
+    out[0] = reduce16(acc0);
+    out[1] = reduce16(acc1);
+    out[2] = reduce16(acc2);
+    out[3] = reduce16(acc3);
+}
+
+/* exp(x) for x <= 0 (scores minus their maximum), branch-free so that loops over it vectorise:
+ * exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in two parts (Cody-Waite), exp(r) by a
+ * degree-6 polynomial (relative error ~2e-7 on [-ln2/2, ln2/2]); below -87 it returns 0. */
+static inline float exp_nonpositive(float x) {
+    const float lo = -87.0f;
+    const float under = x < lo ? 0.0f : 1.0f;
+    x = x < lo ? lo : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest even */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale * under;
+}
+
+/* out[0..D) = sum over the n keys, in order, of s[i] * v_i[0..D): one sequential sum per element
+ * (64 elements at a time in four registers, then 16, then one). */
+static void weighted_sum(const float *s, const float *vb, const int32_t *more, int64_t n_prefix, int64_t n,
+                         int64_t stride, int64_t D, float *out) {
+    int64_t d = 0;
+    for (; d + 4 * LANES <= D; d += 4 * LANES) {
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int64_t i = 0; i < n; ++i) {
+            const float *vs = vb + (i < n_prefix ? i : more[i - n_prefix]) * stride + d;
+            const float p = s[i];
+            a0 += p * load16(vs);
+            a1 += p * load16(vs + LANES);
+            a2 += p * load16(vs + 2 * LANES);
+            a3 += p * load16(vs + 3 * LANES);
+        }
+        memcpy(out + d, &a0, sizeof a0);
+        memcpy(out + d + LANES, &a1, sizeof a1);
+        memcpy(out + d + 2 * LANES, &a2, sizeof a2);
+        memcpy(out + d + 3 * LANES, &a3, sizeof a3);
+    }
+    for (; d + LANES <= D; d += LANES) {
+        v16 a0 = {0};
+        for (int64_t i = 0; i < n; ++i)
+            a0 += s[i] * load16(vb + (i < n_prefix ? i : more[i - n_prefix]) * stride + d);
+        memcpy(out + d, &a0, sizeof a0);
+    }
+    for (; d < D; ++d) {
+        float a = 0.0f;
+        for (int64_t i = 0; i < n; ++i) a += s[i] * vb[(i < n_prefix ? i : more[i - n_prefix]) * stride + d];
+        out[d] = a;
+    }
+}
+
+/* q: element (b, h, t, d) at q + b*q_sb + h*q_sh + t*q_st + d.
+ * k, v: element (b, g, s, d) at k + b*kv_sb + g*kv_sh + s*kv_ss + d (the same strides for v).
+ * out: (B, H, T, D) contiguous.
+ * prefix: (B*T,) leading slots each query sees; extra_off: (B*T + 1,) offsets into extra, the
+ * further slots each query sees, ascending.
+ * Returns 0, or 1 when scratch memory could not be allocated. */
+int exact_attention_f32(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_st,
+                        const float *k, const float *v, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
+                        float *out, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
+                        const int32_t *prefix, const int32_t *extra_off, const int32_t *extra,
+                        float scale, int threads) {
+    const int64_t G = H / Hkv;
+    const int64_t tasks = B * T * Hkv;
+    int failed = 0;
+#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : failed)
+    for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t g = task % Hkv, bt = task / Hkv, b = bt / T, t = bt % T;
+        const int64_t n_prefix = prefix[bt], n = n_prefix + extra_off[bt + 1] - extra_off[bt];
+        const int32_t *more = extra + extra_off[bt];
+        float *s = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+        if (s == NULL) {
+            failed |= 1;
+            continue;
+        }
+        const float *kb = k + b * kv_sb + g * kv_sh, *vb = v + b * kv_sb + g * kv_sh;
+        for (int64_t j = 0; j < G; ++j) {
+            const int64_t h = g * G + j;
+            const float *qh = q + b * q_sb + h * q_sh + t * q_st;
+            float *o = out + ((b * H + h) * T + t) * D;
+            if (n == 0) {
+                memset(o, 0, sizeof(float) * (size_t)D);
+                continue;
+            }
+            for (int64_t i = 0; i < n; i += 4) {
+                const float *rows[4];
+                for (int r = 0; r < 4; ++r) {
+                    const int64_t at = i + r < n ? i + r : n - 1;
+                    rows[r] = kb + (at < n_prefix ? at : more[at - n_prefix]) * kv_ss;
+                }
+                float four[4];
+                dot4(qh, rows, D, four);
+                for (int r = 0; r < 4 && i + r < n; ++r) s[i + r] = four[r] * scale;
+            }
+            float m = s[0];
+            for (int64_t i = 1; i < n; ++i) m = s[i] > m ? s[i] : m;
+            for (int64_t i = 0; i < n; ++i) s[i] = exp_nonpositive(s[i] - m);
+            v16 part = {0};
+            int64_t i = 0;
+            for (; i + LANES <= n; i += LANES) part += load16(s + i);
+            for (int l = 0; i < n; ++i, ++l) part[l] += s[i];
+            const float inv = 1.0f / reduce16(part);
+            weighted_sum(s, vb, more, n_prefix, n, kv_ss, D, o);
+            for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+        }
+        free(s);
+    }
+    return failed;
+}
