@@ -74,3 +74,33 @@ def test_native_default_model_equals_its_q4_copy():
         a, b = native["torch"](ids).logits, q4["torch"](ids).logits
     assert native["torch"].weight_bits == 4
     torch.testing.assert_close(a, b)
+
+
+def q8_0_bytes(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Q8_0 rows encoded by hand: per block of 32, d (fp16) then 32 int8 values."""
+    out, blocks = d.shape
+    raw = np.zeros((out, blocks, 34), np.uint8)
+    raw[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+    raw[..., 2:] = q.astype(np.int8).reshape(out, blocks, 32).view(np.uint8)
+    return raw.reshape(out, blocks * 34)
+
+
+def test_the_embedding_stays_in_the_file_format_and_the_head_is_made_in_slices(monkeypatch):
+    """Looked-up rows are the dequantised table's rows bit for bit; the int8 head made a few rows at a
+    time equals the one made from the whole float32 table."""
+    from warpdecode.kernels.quantized import Int8Weight
+    from warpdecode.models.importers import gguf_quantized as gq
+
+    rng = np.random.default_rng(2)
+    V, C = 37, 64
+    raw = q8_0_bytes(rng.integers(-127, 128, (V, C)), (rng.random((V, 2)) * 0.02 + 1e-3).astype(np.float32))
+    table = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).reshape(V, C)
+    embed = gq.GgufEmbedding(torch.from_numpy(raw), gguf.GGMLQuantizationType.Q8_0, C)
+    tokens = torch.tensor([[3, 0, 36], [5, 5, 1]])
+    assert torch.equal(embed(tokens), torch.from_numpy(table)[tokens])
+    assert embed.weight.numel() == 0 and embed.weight.dtype == torch.float32
+    with pytest.raises(IndexError, match="vocabulary of 37"):
+        embed(torch.tensor([[37]]))
+    monkeypatch.setattr(gq, "HEAD_ROWS_PER_SLICE", 8)
+    sliced, whole = gq._int8_in_slices(embed), Int8Weight.of(torch.from_numpy(table))
+    assert torch.equal(sliced.qweight, whole.qweight) and torch.equal(sliced.scales, whole.scales)

@@ -9,6 +9,8 @@ as the target (`quantized_target`) they are the model that lossless methods repr
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 
 import torch
@@ -111,6 +113,19 @@ def quantized_target(model: Transformer, bits: Bits) -> Transformer:
             if param.numel() and not param.is_meta:
                 setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=False))
     return target
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages that loading freed back to the system (glibc's `malloc_trim`; a no-op
+    elsewhere). Quantising a checkpoint frees its float32 weights and temporaries, which glibc keeps
+    mapped for reuse otherwise (40 MB of the default model's resident size, measured)."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is not None:
+        trim(0)
 
 
 def exact_rows(target: Transformer) -> Transformer:

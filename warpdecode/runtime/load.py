@@ -18,7 +18,7 @@ from warpdecode.models.backbone import Backbone
 from warpdecode.models.checkpoint import load_gguf_quantized, load_pretrained
 from warpdecode.models.device import NATIVE, torch_device, torch_dtype, weight_bits
 from warpdecode.models.named import DEFAULT_MODEL
-from warpdecode.models.quantized import quantized_target
+from warpdecode.models.quantized import quantized_target, release_freed_memory
 from warpdecode.models.random_shapes import is_random, random_model
 from warpdecode.models.tokenizer import Tokenizer
 from warpdecode.runtime.cudagraphs import CUDA_GRAPHS, MODEL_BACKENDS, CudaGraphBackbone
@@ -97,6 +97,7 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
             loaded, tokenizer = load_pretrained(source, device=torch_device(device), dtype=precision)
         if bits is not None:
             loaded = quantized_target(loaded, bits)  # the dense weights go with the float model
+            release_freed_memory()
         return {b: CudaGraphBackbone(loaded) if b == CUDA_GRAPHS else loaded for b in backends}, tokenizer
     if model is not None:
         raise ConfigError("give --model or --package, not both")

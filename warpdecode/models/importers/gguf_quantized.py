@@ -5,8 +5,10 @@ Q4_1 blocks (32 inputs: an fp16 scale `d`, an fp16 minimum `m`, 16 bytes of 4-bi
 are exactly `Int4Weight`'s groups, so their integers go into the int4 kernel as they are (the scales
 and minima round to bf16, as in every `Int4Weight`). A block matrix of another type is dequantised on
 its own (one matrix at a time) and re-quantised, to int4 for the 4-bit and smaller types and to int8
-otherwise; the token embedding (Q8_0 in the default model) is dequantised to float32 for the lookup,
-and the LM head is its per-channel int8 copy, as in `models.quantized`.
+otherwise. The token embedding stays in the file's format (Q8_0 in the default model) and the rows a
+forward looks up are dequantised when it looks them up (`GgufEmbedding`: the same float32 values a
+dequantised table would give, at a quarter of its memory); the LM head is its per-channel int8 copy,
+as in `models.quantized`, made a slice of rows at a time so that no float32 table is ever whole.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from warpdecode.errors import CapabilityError, CheckpointError, ConfigError
 from warpdecode.kernels.packed_linear import FusedLinear, Linear
 from warpdecode.kernels.quantized import INT4_GROUP, Int4Weight, Int8Weight
 from warpdecode.models.config import ModelConfig
-from warpdecode.models.quantized import exact_rows
+from warpdecode.models.importers.gguf_header import GGML_BLOCKS, GgufTensor, read_gguf_header
+from warpdecode.models.quantized import exact_rows, release_freed_memory
 from warpdecode.models.transformer import Block, Transformer, rope_inv_freq
 
 NATIVE_ARCHITECTURES = ("llama", "qwen2")
@@ -54,6 +57,41 @@ def q4_1_groups(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
     return q.reshape(raw.shape[0], -1), d, m
 
 
+HEAD_ROWS_PER_SLICE = 4096
+"""Rows of the LM head dequantised at a time while its int8 copy is made."""
+
+
+class GgufEmbedding(nn.Module):
+    """A token embedding kept as the GGUF file's rows (any ggml type) and dequantised per lookup.
+
+    `weight` is an empty (0, C) float32 tensor that only answers `.device` / `.dtype`, as the quantised
+    layers' weights do; the table itself is `rows` (V, bytes per row) uint8.
+    """
+
+    def __init__(self, rows: Tensor, tensor_type: Any, dim: int) -> None:
+        super().__init__()
+        import gguf
+
+        self.register_buffer("rows", rows, persistent=False)
+        self.weight = nn.Parameter(torch.empty(0, dim), requires_grad=False)
+        self.tensor_type, self.dim, self.dequantize = tensor_type, dim, gguf.quants.dequantize
+
+    @property
+    def num_embeddings(self) -> int:
+        return int(self.rows.shape[0])
+
+    def dense_rows(self, index: Tensor) -> Tensor:
+        """(N,) row indices → (N, C) float32."""
+        raw = self.rows.index_select(0, index.reshape(-1).cpu()).numpy()
+        return torch.from_numpy(np.asarray(self.dequantize(raw, self.tensor_type), dtype=np.float32).reshape(-1, self.dim))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(...) int64 → (..., C) float32."""
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.num_embeddings):
+            raise IndexError(f"token id out of range for a vocabulary of {self.num_embeddings}")
+        return self.dense_rows(tokens).reshape(*tokens.shape, self.dim).to(self.weight.device)
+
+
 def unpermute_rows(n_rows: int, heads: int) -> Tensor:
     """The row order that undoes llama.cpp's rotary permutation of a llama q/k matrix (as transformers'
     GGUF reader does): row i of the result is row `index[i]` of the GGUF matrix."""
@@ -61,43 +99,61 @@ def unpermute_rows(n_rows: int, heads: int) -> Tensor:
 
 
 class _Reader:
+    """Tensors of a GGUF file by name, read through a memory map: the bounded header reader
+    (`gguf_header`) gives the table, so no metadata arrays (the tokenizer's 49k strings) are built."""
+
     def __init__(self, path: Path, config: ModelConfig) -> None:
         import gguf
 
         self.gguf = gguf
-        self.reader = gguf.GGUFReader(str(path))
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self.config, self.path = config, path
-        arch = self.reader.fields["general.architecture"]
-        self.arch = bytes(arch.parts[arch.data[0]]).decode()
+        header = read_gguf_header(path)
+        self.tensors, self.config, self.path = header.tensors, config, path
+        self.data_start = header.data_start
+        self.arch = str(header.metadata.get("general.architecture"))
         if self.arch not in NATIVE_ARCHITECTURES:
             raise CapabilityError(f"--dtype native reads {', '.join(NATIVE_ARCHITECTURES)} GGUF files, not {self.arch}; "
                                   "use --dtype q8 or q4")
+        self.file = np.memmap(path, dtype=np.uint8, mode="r")
 
-    def tensor(self, name: str) -> Any:
+    def tensor(self, name: str) -> GgufTensor:
         if name not in self.tensors:
             raise CheckpointError(f"{self.path}: no tensor {name}")
         return self.tensors[name]
 
+    def tensor_type(self, name: str) -> Any:
+        return self.gguf.GGMLQuantizationType(self.tensor(name).ggml_type)
+
+    def raw(self, name: str) -> np.ndarray:
+        """(rows, bytes per row) uint8 view of the file (a 1-D tensor is one row)."""
+        t = self.tensor(name)
+        elements, block_bytes = GGML_BLOCKS[t.ggml_type]
+        row_bytes = t.shape[-1] // elements * block_bytes
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        start = self.data_start + t.offset
+        return self.file[start : start + rows * row_bytes].reshape(rows, row_bytes)
+
+    def rows(self, name: str) -> Tensor:
+        """A (rows, bytes per row) uint8 copy of a 2-D tensor's bytes (any ggml type)."""
+        return torch.from_numpy(np.array(self.raw(name), copy=True))
+
     def dense(self, name: str) -> Tensor:
         """The tensor as float32, dequantised if it is quantised (one tensor at a time)."""
-        t = self.tensor(name)
-        values = self.gguf.quants.dequantize(t.data, t.tensor_type)
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(*reversed([int(n) for n in t.shape]))
+        values = self.gguf.quants.dequantize(self.raw(name), self.tensor_type(name))
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.tensor(name).shape)
 
     def groups(self, name: str, heads: int | None) -> tuple[Tensor, Tensor, Tensor] | Tensor:
         """A block matrix's Q4_1 groups, or its float weight when it is of another type; rows unpermuted
         for a llama q/k matrix (`heads`)."""
-        t = self.tensor(name)
         out: tuple[Tensor, Tensor, Tensor] | Tensor
-        out = q4_1_groups(t.data) if t.tensor_type == self.gguf.GGMLQuantizationType.Q4_1 else self.dense(name)
+        is_q4_1 = self.tensor_type(name) == self.gguf.GGMLQuantizationType.Q4_1
+        out = q4_1_groups(self.raw(name)) if is_q4_1 else self.dense(name)
         if heads is not None and self.arch == "llama":
-            order = unpermute_rows(t.shape[-1], heads)
+            order = unpermute_rows(self.tensor(name).shape[0], heads)
             out = (out[0][order], out[1][order], out[2][order]) if isinstance(out, tuple) else out[order]
         return out
 
     def bits(self, name: str) -> int:
-        return 4 if FOUR_BITS_OR_FEWER.match(self.tensor(name).tensor_type.name) else 8
+        return 4 if FOUR_BITS_OR_FEWER.match(self.tensor_type(name).name) else 8
 
 
 def _quantized(parts: list[tuple[Tensor, Tensor, Tensor] | Tensor], bias: Tensor | None, bits: int,
@@ -113,6 +169,15 @@ def _quantized(parts: list[tuple[Tensor, Tensor, Tensor] | Tensor], bias: Tensor
     return (Int4Weight if bits == 4 else Int8Weight).of(dense[:, :in_features], bias)
 
 
+def _int8_in_slices(table: GgufEmbedding) -> Int8Weight:
+    """The per-channel int8 copy of a GGUF (V, C) table, `HEAD_ROWS_PER_SLICE` dequantised rows at a
+    time (per-channel quantisation treats every row alone, so the slices give the whole's result)."""
+    parts = [Int8Weight.of(table.dense_rows(torch.arange(lo, min(lo + HEAD_ROWS_PER_SLICE, table.num_embeddings))))
+             for lo in range(0, table.num_embeddings, HEAD_ROWS_PER_SLICE)]
+    return Int8Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), None,
+                      parts[0].in_features)
+
+
 def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
     """The model of the GGUF file at `path` (of architecture `config`), its block weights in their own
     quantised format (see the module docstring)."""
@@ -122,15 +187,15 @@ def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
         raise ConfigError("reading GGUF files needs the [hf] extra: pip install 'warpdecode[hf]'") from e
     with torch.device("meta"):
         model = Transformer(config)
-    embed = reader.dense("token_embd.weight")
-    model.embed.weight = nn.Parameter(embed, requires_grad=False)
+    embed = GgufEmbedding(reader.rows("token_embd.weight"), reader.tensor_type("token_embd.weight"), config.d_model)
+    model.embed = embed  # type: ignore[assignment]
     model.norm.weight = nn.Parameter(reader.dense("output_norm.weight"), requires_grad=False)
     if model.lm_head is None:  # tied: the head is the embedding's int8 copy
         model.lm_head = Linear(config.d_model, config.vocab_size, bias=False, device="meta")
         head = embed
     else:
-        head = reader.dense("output.weight")
-    model.lm_head.quantized = Int8Weight.of(head)
+        head = GgufEmbedding(reader.rows("output.weight"), reader.tensor_type("output.weight"), config.d_model)
+    model.lm_head.quantized = _int8_in_slices(head)
     model.lm_head.weight = nn.Parameter(torch.empty(0, config.d_model), requires_grad=False)
     bits: set[int] = set()
     for i, module in enumerate(model.blocks):
@@ -164,4 +229,6 @@ def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
     if missing:
         raise CheckpointError(f"{path}: no weights for {missing[:5]}")
     model.weight_bits = max(bits)
+    del reader
+    release_freed_memory()
     return exact_rows(model).eval()
