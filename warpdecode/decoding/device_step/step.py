@@ -10,6 +10,10 @@ update → advance, with fixed shapes and no host read, so that one CUDA graph c
 Every write is masked by `done`: a step after the end changes nothing the host reads (it still runs
 its forward), so the host may read `done` only every few steps.
 
+A drafter with `auxiliary` rows (PPD's prompt rows, `tree.AuxiliaryRows`) has them run after the
+tree's rows in the same forward, with their own input embeddings; they are never verified or
+committed, and the drafter reads their logits (`read_auxiliary`) with the node the kept path ends on.
+
 `verify(rows=...)` is the eager form for CPUs, where a verify row costs compute: the forward runs
 over the drafted rows only (`rows`, read by the host), with the model's own forward, which attends
 up to the real length (host-side) instead of over the whole cache, so a step costs what the host
