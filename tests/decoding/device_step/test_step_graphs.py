@@ -55,7 +55,7 @@ def check_requests(backbone: CudaGraphBackbone, model, method: str, read_every: 
 
 
 @pytest.mark.parametrize("read_every", [1, 3])
-@pytest.mark.parametrize("method", [*METHODS, "ppd:path={ppd}"])
+@pytest.mark.parametrize("method", [*METHODS, "ppd:path={ppd}:num_nodes=3"])
 def test_one_session_serves_request_after_request(method: str, read_every: int, ppd: str) -> None:
     """CPU stand-in (`graphs=False`): the same buffers, reset per request, for every prompt, budget and
     stop set of a size class; Token Recycling's matrix carries over as the engine's does, PPD's guesses
