@@ -28,7 +28,7 @@ from warpdecode.decoding.device_step import graphs
 from warpdecode.decoding.device_step.loop import device_form, run_device
 from warpdecode.decoding.device_step.oracle import DeviceOracle
 from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
-from warpdecode.decoding.device_step.state import DeviceDrafter
+from warpdecode.decoding.device_step.state import DeviceDrafter, forward_rows
 from warpdecode.decoding.engine import run
 from warpdecode.decoding.generate import build_method
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -116,7 +116,7 @@ def measure(size: str, dtype_name: str, args: argparse.Namespace, out: Path) -> 
         _, _, dstats = run_device(backbone, prompt, drafter, max_new_tokens=args.steps, stop_ids=set())
         loop_ms = 1000 * dstats.target_seconds / dstats.target_forwards
         replay_ms = 1000 * timed_replays(session, args.steps, args.device)
-        row = {"size": size, "dtype": dtype_name, "method": spec, "width": drafter.tree.width,
+        row = {"size": size, "dtype": dtype_name, "method": spec, "width": forward_rows(drafter),
                "replay_ms": replay_ms, "loop_ms": loop_ms, "vs_plain": loop_ms / plain_ms,
                "captures": session.captures}
         for name, tau in TAU.items():
@@ -131,7 +131,7 @@ def measure(size: str, dtype_name: str, args: argparse.Namespace, out: Path) -> 
         loop_ms = 1000 * ostats.target_seconds / ostats.target_forwards
         measured_tau = ostats.new_tokens / ostats.target_forwards
         rows.append({"size": size, "dtype": dtype_name, "method": f"oracle, 16 nodes, τ {tau}",
-                     "width": drafter.tree.width, "replay_ms": None, "loop_ms": loop_ms, "vs_plain": loop_ms / plain_ms,
+                     "width": forward_rows(drafter), "replay_ms": None, "loop_ms": loop_ms, "vs_plain": loop_ms / plain_ms,
                      "captures": None, "tau": measured_tau,
                      "measured_speedup": (ostats.new_tokens / ostats.target_seconds) / (1000 / plain_ms)})
     with (out / "sizes.jsonl").open("a") as f:

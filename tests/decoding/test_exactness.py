@@ -20,6 +20,7 @@ from tiny_models import (
     greedy_target,
     heads_package,
     naive_greedy,
+    ppd_package,
     save_diffusion_drafter,
     tiny_vocab_target,
     tv,
@@ -250,6 +251,7 @@ def tiny_vocab_packages(tmp_path_factory):
     packages["clover"] = clover_package(model, root / "clover", std=0.8)
     packages["acceptance_head"] = acceptance_head_package(model, root / "acceptance_head", seed=2)
     packages["diffusion_lm"] = str(save_diffusion_drafter(root / "dlm", model.config.vocab_size, max_seq_len=32))
+    packages["ppd"] = ppd_package(model, root / "ppd", std=1.0)
     return packages
 
 

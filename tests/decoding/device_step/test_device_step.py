@@ -122,7 +122,8 @@ def test_methods_json_says_which_methods_have_it(capsys) -> None:
 
     methods(json_output=True)
     rows = json.loads(capsys.readouterr().out)
-    assert {r["name"] for r in rows if r["device_step"]} == {"eagle", "hydra", "medusa", "oracle", "prompt_lookup", "token_recycling"}
+    assert {r["name"] for r in rows if r["device_step"]} == {"eagle", "hydra", "medusa", "oracle", "ppd", "prompt_lookup",
+                                                                "token_recycling"}
 
 
 def test_a_spec_with_step_device_runs_the_device_step(target) -> None:

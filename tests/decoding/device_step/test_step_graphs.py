@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import greedy_target
+from tiny_models import greedy_target, ppd_package
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from warpdecode.decoding.device_step import graphs
@@ -27,12 +27,18 @@ REQUESTS = [  # (prompt, max_new_tokens, stop index in the plain output or None)
 ]
 
 
+@pytest.fixture(scope="module")
+def ppd(tmp_path_factory) -> str:
+    """A PPD package for `greedy_target()`: its prompt rows ride in the verify forward."""
+    return ppd_package(greedy_target(), tmp_path_factory.mktemp("ppd") / "drafter")
+
+
 def plain(target, ids: list[int], n: int, stop: set[int]) -> tuple[list[int], list[int]]:
     return run(target, ids, build_method("none"), Sampler(SamplingConfig()), max_new_tokens=n, stop_ids=stop)[0]
 
 
 def check_requests(backbone: CudaGraphBackbone, model, method: str, read_every: int) -> None:
-    host, device = build_method(method), build_method(method)
+    host, device = (parse_method(method).build(do_sample=False) for _ in range(2))
     form = device_form(device.drafter)
     accepted = 0
     for ids, n, stop_at in REQUESTS:
@@ -49,13 +55,14 @@ def check_requests(backbone: CudaGraphBackbone, model, method: str, read_every: 
 
 
 @pytest.mark.parametrize("read_every", [1, 3])
-@pytest.mark.parametrize("method", METHODS)
-def test_one_session_serves_request_after_request(method: str, read_every: int) -> None:
+@pytest.mark.parametrize("method", [*METHODS, "ppd:path={ppd}:num_nodes=3"])
+def test_one_session_serves_request_after_request(method: str, read_every: int, ppd: str) -> None:
     """CPU stand-in (`graphs=False`): the same buffers, reset per request, for every prompt, budget and
-    stop set of a size class; Token Recycling's matrix carries over as the engine's does."""
+    stop set of a size class; Token Recycling's matrix carries over as the engine's does, PPD's guesses
+    start afresh."""
     model = greedy_target()
     backbone = CudaGraphBackbone(model, graphs=False)
-    check_requests(backbone, model, method, read_every)
+    check_requests(backbone, model, method.format(ppd=ppd), read_every)
     sessions = graphs._SESSIONS[backbone]
     assert len(sessions) == 1  # every request fitted the smallest size class
     (key,) = sessions
@@ -70,13 +77,13 @@ def test_size_classes() -> None:
     assert graphs.size_class(9, 8, 9) == 9
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_warm_up_changes_nothing_the_host_reads(method: str) -> None:
+@pytest.mark.parametrize("method", [*METHODS, "ppd:path={ppd}"])
+def test_warm_up_changes_nothing_the_host_reads(method: str, ppd: str) -> None:
     """Capturing runs the step first; with `done` forced on those runs leave the request as it was
-    (state, Token Recycling's real rows) and the cache's committed slots untouched."""
+    (state, Token Recycling's real rows, PPD's guesses) and the cache's committed slots untouched."""
     model = greedy_target()
     backbone = CudaGraphBackbone(model, graphs=False)
-    form = device_form(build_method(method).drafter)
+    form = device_form(parse_method(method.format(ppd=ppd)).build(do_sample=False).drafter)
     ids = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     want = run_device(backbone, ids, form, max_new_tokens=20, stop_ids=set())  # fills the matrix, makes the session
     (steps,) = graphs._SESSIONS[backbone].values()
@@ -94,7 +101,9 @@ def test_warm_up_changes_nothing_the_host_reads(method: str) -> None:
         cached = steps.cache.k[:, :, :, :length].clone(), steps.cache.v[:, :, :, :length].clone()
         matrix = getattr(form, "matrix", None)
         rows = matrix[:-1].clone() if matrix is not None else None
+        guesses = [getattr(form, name).clone() for name in ("guesses", "depth") if hasattr(form, name)]
         steps.warm_up(runs=3)
+        assert all(torch.equal(getattr(form, name), value) for name, value in zip(("guesses", "depth"), guesses))
         for name, value in before.items():
             assert torch.equal(getattr(s, name), value), name
         assert torch.equal(steps.cache.k[:, :, :, :length], cached[0])
@@ -133,12 +142,13 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("method", [*METHODS, "token_recycling:num_nodes=16"])
-def test_the_static_step_reads_nothing_on_the_host(method: str) -> None:
+@pytest.mark.parametrize("method", [*METHODS, "token_recycling:num_nodes=16", "ppd:path={ppd}",
+                                    "ppd:path={ppd}:attach=1"])
+def test_the_static_step_reads_nothing_on_the_host(method: str, ppd: str) -> None:
     """What capture needs, checked on the CPU: no op of a static step passes a value to the host."""
     model = greedy_target()
     backbone = CudaGraphBackbone(model, graphs=False)
-    form = device_form(parse_method(method).build(do_sample=False).drafter)
+    form = device_form(parse_method(method.format(ppd=ppd)).build(do_sample=False).drafter)
     ids = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     run_device(backbone, ids, form, max_new_tokens=12, stop_ids={7})
     (steps,) = graphs._SESSIONS[backbone].values()
@@ -179,6 +189,17 @@ def test_captured_medusa_and_sampling_on_cuda(tmp_path) -> None:
         on_cuda = run_device(backbone, ids, device_form(build_method(method).drafter), max_new_tokens=32,
                              stop_ids=set(), sampling=sampling)[0]
         assert on_cuda[:8] == on_cpu[:8]  # the same draws (later tokens may part at a rounding near-tie)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("read_every", [1, 4])
+def test_captured_ppd_on_cuda(read_every: int, ppd: str) -> None:
+    """The captured step with PPD's prompt rows in the verify forward (input embeddings, never committed)."""
+    model = greedy_target().to("cuda")
+    backbone = CudaGraphBackbone(model)
+    check_requests(backbone, model, f"ppd:path={ppd}", read_every)
+    (steps,) = graphs._SESSIONS[backbone].values()
+    assert steps.captures == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
+from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState, forward_rows
 from warpdecode.decoding.device_step.step import DeviceStep, Oracle
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.models.cache import KVCache
@@ -119,7 +119,7 @@ def session(target: CudaGraphBackbone, drafter: DeviceDrafter, *, needed: int, s
     made on first use."""
     model = target.torch_model()
     config, device = model.config, model.embed.weight.device
-    key = SessionKey(id(drafter), size_class(needed, MIN_CACHE, config.max_seq_len + drafter.tree.width),
+    key = SessionKey(id(drafter), size_class(needed, MIN_CACHE, config.max_seq_len + forward_rows(drafter)),
                      size_class(stops, MIN_STOPS, max(stops, MIN_STOPS)), max_nodes, read_every,
                      None if sampling is None else dataclasses.replace(sampling, seed=None), oracle)
     sessions = _SESSIONS.setdefault(target, OrderedDict())

@@ -1,4 +1,4 @@
-"""What the device forms of the packaged learned drafters (`drafters/learned.py`: Medusa, Hydra,
+"""What the device forms of the packaged learned drafters (`drafters/learned.py`: Medusa, Hydra, PPD,
 EAGLE) share: the package's drafter prepared for the target (it loads and checks the network and
 resolves the tree shape), the static tree on the device, and the ranking of draft-vocabulary scores."""
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.device_step.tree import StaticTree
+from warpdecode.decoding.device_step.tree import AuxiliaryRows, StaticTree
 from warpdecode.decoding.tree_shapes import RankPath
 from warpdecode.errors import CapabilityError
 from warpdecode.models.draft_head import DraftVocabNet
@@ -31,6 +31,7 @@ class DeviceLearned(Generic[NetT]):
         self.net: NetT | None = None
         self.width = 1
         self.feature_layers: tuple[int, ...] = ()
+        self.auxiliary: AuxiliaryRows | None = None  # PPD's prompt rows (`prepare_tree`)
 
     def prepare(self, target: Transformer) -> None:
         if self.net is not None and self.host.checked is target:
@@ -58,3 +59,6 @@ class DeviceLearned(Generic[NetT]):
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         pass  # learned drafters learn nothing while decoding
+
+    def read_auxiliary(self, logits: Tensor, rows: Tensor, end: Tensor, keep: Tensor) -> None:
+        pass  # no auxiliary rows but PPD's

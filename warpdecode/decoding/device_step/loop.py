@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from warpdecode.decoding.device_step.graphs import StepSession, session
-from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState
+from warpdecode.decoding.device_step.state import DeviceDrafter, DeviceState, forward_rows
 from warpdecode.decoding.device_step.step import DeviceStep, Oracle
 from warpdecode.decoding.outputs import DecodeStats, FinishReason
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -91,7 +91,7 @@ def run_device(
     drafter.prepare(model)
     n = len(prompt_ids)
     config = model.config
-    needed = n + max_new_tokens + drafter.tree.width
+    needed = n + max_new_tokens + forward_rows(drafter)
     if sampling is not None and (not sampling.do_sample or sampling.penalties()):
         raise ValueError("the device step samples with do_sample=True and no penalties")
     if sampling is not None and oracle is not None:
@@ -126,7 +126,7 @@ def run_device(
         state, step = steps.state, steps.step
     else:
         stop = torch.tensor(stops, dtype=torch.int64, device=device)
-        state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=drafter.tree.width,
+        state = DeviceState.start(prompt_ids, pending, max_new_tokens=max_new_tokens, width=forward_rows(drafter),
                                   stop_ids=stop)
         step = DeviceStep(model, drafter, state, cache, stop, max_nodes=max_nodes, sampler=sampler, seed=seed,
                           oracle=None if oracle is None else Oracle(oracle[0], torch.tensor([oracle[1]], device=device)))
@@ -139,7 +139,6 @@ def run_device(
     drafter.update(state.history[n - 1 : n], out.logits[0], true)
     drafter.start({j: out.hidden_states[j][0] for j in drafter.feature_layers}, state.history[1 : n + 1],
                   cache.max_len)
-    first_row = torch.zeros(1, dtype=torch.int64, device=device)
     loop_start = time.perf_counter()
     while not bool(state.done):
         if steps is not None:
@@ -149,7 +148,7 @@ def run_device(
                 step()
         else:
             tokens, valid = step.draft()
-            step.verify(tokens, valid, torch.cat([first_row, valid.nonzero()[:, 0] + 1]))
+            step.verify(tokens, valid, step.eager_rows(valid))
         if on_tokens is not None:
             count = int(state.new)
             on_tokens(state.history[n + read : n + count].tolist())

@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from warpdecode.decoding.device_step.tree import StaticTree
+from warpdecode.decoding.device_step.tree import AuxiliaryRows, StaticTree
 from warpdecode.models.transformer import Transformer
 
 
@@ -80,6 +80,9 @@ class DeviceDrafter(Protocol):
     feature_layers: tuple[int, ...]
     """The target hidden states the drafter reads (`start`, `observe`); () for none. Learned drafters
     read the features of the accepted positions (Medusa the last one, EAGLE every one)."""
+    auxiliary: AuxiliaryRows | None
+    """Rows the verify forward runs after the tree's for the drafter (PPD's prompt rows, read by
+    `read_auxiliary`); None for none. Set by `prepare`."""
 
     def prepare(self, target: Transformer) -> None:
         """Build the tree and buffers on the target's device (once; later calls keep what they hold)."""
@@ -110,12 +113,24 @@ class DeviceDrafter(Protocol):
         accepted tokens, then the bonus one), `count` () int64 the rows that count (accepted + 1);
         `keep` () bool, False when the step changed nothing (after the end)."""
 
+    def read_auxiliary(self, logits: Tensor, rows: Tensor, end: Tensor, keep: Tensor) -> None:
+        """After a verify forward with `auxiliary` rows: `logits` (a, V) after the auxiliary rows that
+        ran, `rows` (a,) int64 their indices among the A (increasing; every row `auxiliary.sent`
+        marks among them), `end` (1,) int64 the node the kept path ends on (-1: the pending token),
+        `keep` () bool as in `observe`."""
+
+
+def forward_rows(drafter: DeviceDrafter) -> int:
+    """Rows of the drafter's static verify forward: the tree's W, then its auxiliary rows."""
+    return drafter.tree.width + (drafter.auxiliary.size if drafter.auxiliary is not None else 0)
+
 
 class ReadsNoFeatures:
     """Base of the device drafters that read no target hidden state and learn only through `update`
-    (or not at all): `feature_layers` is empty, `start` and `observe` do nothing."""
+    (or not at all): `feature_layers` is empty, no auxiliary rows, `start` and `observe` do nothing."""
 
     feature_layers: tuple[int, ...] = ()
+    auxiliary: AuxiliaryRows | None = None
 
     def start(self, hidden: dict[int, Tensor], tokens: Tensor, capacity: int) -> None:
         """Nothing to read: no feature layers."""
@@ -125,3 +140,6 @@ class ReadsNoFeatures:
 
     def update(self, tokens: Tensor, logits: Tensor, keep: Tensor) -> None:
         """Nothing to learn from the target's logits (overridden by drafters that do)."""
+
+    def read_auxiliary(self, logits: Tensor, rows: Tensor, end: Tensor, keep: Tensor) -> None:
+        """No auxiliary rows."""

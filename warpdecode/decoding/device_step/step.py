@@ -10,6 +10,10 @@ update → advance, with fixed shapes and no host read, so that one CUDA graph c
 Every write is masked by `done`: a step after the end changes nothing the host reads (it still runs
 its forward), so the host may read `done` only every few steps.
 
+A drafter with `auxiliary` rows (PPD's prompt rows, `tree.AuxiliaryRows`) has them run after the
+tree's rows in the same forward, with their own input embeddings; they are never verified or
+committed, and the drafter reads their logits (`read_auxiliary`) with the node the kept path ends on.
+
 `verify(rows=...)` is the eager form for CPUs, where a verify row costs compute: the forward runs
 over the drafted rows only (`rows`, read by the host), with the model's own forward, which attends
 up to the real length (host-side) instead of over the whole cache, so a step costs what the host
@@ -86,27 +90,38 @@ class DeviceStep:
         Args:
             tokens: (N,) int64 and valid: (N,) bool, from `draft`.
             rows: None (every forward row: the static step), or (w,) int64 the forward rows to run,
-                increasing, the pending token's and every valid node's among them (eager form).
+                increasing, the pending token's and every valid node's among them, then the
+                auxiliary rows the draft sends (eager form; `eager_rows`).
         """
-        s, tables = self.state, self.drafter.tree.tables
+        s, tables, aux = self.state, self.drafter.tree.tables, self.drafter.auxiliary
+        W = tables.size + 1
         ext = torch.cat([s.pending(), torch.where(valid, tokens, 0)])  # (W,) invalid nodes carry token 0
-        positions = (s.length + tables.row_depths).clamp(max=self.max_position)  # (W,) invalid rows only clamp
         kept = torch.cat([self.true, valid]) & ~s.done  # (W,) rows the drafter learns from
+        row_depths, tree_mask, inputs, embeds = tables.row_depths, tables.mask, ext, None
+        if aux is not None:  # the drafter's rows after the tree's: their own embeddings, no token
+            row_depths, tree_mask = aux.row_depths, aux.mask
+            inputs = torch.cat([ext, ext.new_zeros(aux.size)])  # (W + A,)
+            embeds = torch.cat([self.model.embed(ext), aux.embeds])  # (W + A, C)
+        positions = (s.length + row_depths).clamp(max=self.max_position)  # invalid rows only clamp
         hidden_layers = self.drafter.feature_layers
         if rows is None:
-            out = self.model.forward_static(ext[None], positions[None], s.length, tables.mask, self.cache,
-                                            hidden_layers)
-            logits = out.logits[0]
+            out = self.model.forward_static(inputs[None], positions[None], s.length, tree_mask, self.cache,
+                                            hidden_layers, None if embeds is None else embeds[None])
+            logits = out.logits[0, :W]
             best, slots, fed, kept_fed = self.select(logits, self.row_index), self.row_index, ext, kept  # (W,) each
+            aux_logits, aux_rows = out.logits[0, W:], None if aux is None else aux.index  # (A, V), (A,)
         else:
-            fed, mask = ext[rows], tables.mask[:, rows][:, :, rows]  # (w,), (1, w, w)
+            mask = tree_mask[:, rows][:, :, rows]  # (1, w, w)
             self.cache.lengths = s.length.cpu()  # the model's own forward: keys up to the real length only
-            out = self.model(fed[None], positions[rows][None], self.cache, mask if rows.shape[0] > 1 else None,
-                             hidden_layers)
-            logits = out.logits[0]
-            best = torch.zeros_like(ext).index_copy_(0, rows, self.select(logits, rows))  # (W,) 0 on rows not run
-            slots = torch.zeros_like(ext).index_copy_(0, rows, torch.arange(rows.shape[0], device=rows.device))
-            kept_fed = kept[rows]
+            out = self.model(inputs[rows][None], positions[rows][None], self.cache,
+                             mask if rows.shape[0] > 1 else None, hidden_layers,
+                             inputs_embeds=None if embeds is None else embeds[rows][None])
+            w = int((rows < W).sum()) if aux is not None else rows.shape[0]  # the tree's rows come first
+            tree_rows, logits = rows[:w], out.logits[0, :w]
+            best = torch.zeros_like(ext).index_copy_(0, tree_rows, self.select(logits, tree_rows))  # (W,) 0 not run
+            slots = torch.zeros_like(ext).index_copy_(0, tree_rows, torch.arange(w, device=rows.device))
+            fed, kept_fed = ext[tree_rows], kept[tree_rows]
+            aux_logits, aux_rows = out.logits[0, w:], rows[w:] - W
         if self.oracle is None:
             accepted, path, emitted = greedy_tree_accept(ext, best, valid, tables)
         else:  # the oracle's draw for the node at position p is the uniform of (its seed, p)
@@ -118,7 +133,18 @@ class DeviceStep:
             kept_rows = slots.index_select(0, path)  # (Dmax+1,) forward rows
             self.drafter.observe({j: out.hidden_states[j][0].index_select(0, kept_rows) for j in hidden_layers},
                                  emitted, accepted + 1, ~s.done)
+        if aux_rows is not None:  # the node the kept path ends on: its forward row - 1
+            self.drafter.read_auxiliary(aux_logits, aux_rows, path.index_select(0, accepted.view(1)) - 1, ~s.done)
         self._advance(accepted, emitted, (tables.depths * valid).amax() if tables.size else accepted)
+
+    def eager_rows(self, valid: Tensor) -> Tensor:
+        """(w,) int64, the forward rows the eager form runs (read on the host): the pending token's,
+        every valid node's, and the auxiliary rows the draft sends (`AuxiliaryRows.sent`)."""
+        parts = [self.row_index[:1], valid.nonzero()[:, 0] + 1]
+        aux = self.drafter.auxiliary
+        if aux is not None:
+            parts.append(aux.sent.nonzero()[:, 0] + self.drafter.tree.width)
+        return torch.cat(parts)
 
     def select(self, logits: Tensor, rows: Tensor) -> Tensor:
         """The target's token after each forward row: the argmax, or a draw.

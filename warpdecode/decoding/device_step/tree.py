@@ -6,6 +6,9 @@ token. Index conventions are those of `decoding/tree.py` (see `kernels.tree_acce
 
 Example: paths [(0,), (1,), (0, 0)] → parents [-1, -1, 0], ranks [0, 1, 0],
 levels [(nodes [0, 1], parent rows [0, 0], ranks [0, 1]), (nodes [2], parent rows [1], ranks [0])].
+
+`AuxiliaryRows`: rows a verify forward runs after the tree's for the drafter's own use (PPD's prompt
+rows, `decoding/tree.py`'s auxiliary nodes): never verified, accepted or committed.
 """
 
 from __future__ import annotations
@@ -82,3 +85,42 @@ class StaticTree:
     def chain(cls, length: int, device: torch.device | str = "cpu") -> StaticTree:
         """A chain of `length` nodes (length 0: plain decoding)."""
         return cls.of_rank_paths(chain(length), device)
+
+    def parents(self) -> list[int]:
+        """Each node's parent node (-1: the pending token)."""
+        return (self.tables.parent_rows - 1).tolist()
+
+
+@dataclass(frozen=True)
+class AuxiliaryRows:
+    """A rows after a static tree's W in every verify forward, run with input embeddings of their own
+    (they have no token), each continuing a tree node, the pending token or an earlier auxiliary row:
+    the drafter reads their outputs; they are never verified, accepted or committed (the static
+    form writes their keys and values past the tree's slots, where the next step overwrites them).
+
+    Example: tree paths [(0,)] and one row after the pending token and one after node 0 → node
+    parents [-1, -1, 0], `row_depths` [0, 1, 1, 2].
+    """
+
+    embeds: Tensor  # (A, C) block inputs, in the target's dtype
+    row_depths: Tensor  # (W + A,) int64, depth of every forward row, the tree's first
+    mask: Tensor  # (1, W + A, W + A) bool, each row sees itself, its ancestors and the pending token
+    sent: Tensor  # (A,) bool, the rows this step's draft uses (the drafter writes it; the eager form runs these)
+    index: Tensor  # (A,) int64, 0..A-1
+
+    @property
+    def size(self) -> int:
+        """A, the auxiliary rows."""
+        return self.index.shape[0]
+
+    @classmethod
+    def after(cls, tree: StaticTree, parents: Sequence[int], embeds: Tensor) -> AuxiliaryRows:
+        """Rows after `tree`: row a continues node `parents[a]` (-1: the pending token; N + b: auxiliary
+        row b < a, N = tree nodes); `embeds` (A, C) their block inputs."""
+        if embeds.shape[0] != len(parents):
+            raise ValueError(f"embeds {tuple(embeds.shape)} must have one row per auxiliary row ({len(parents)})")
+        device = tree.tables.depths.device
+        tables = TreeTables.from_parents([*tree.parents(), *parents], device)
+        return cls(embeds.to(device), tables.row_depths, tables.mask,
+                   torch.zeros(len(parents), dtype=torch.bool, device=device),
+                   torch.arange(len(parents), device=device))

@@ -19,13 +19,17 @@ them when it chooses the size.
 
 The rows are input embeddings: on ONNX Runtime they run through the package's embeds graphs
 (`backbone.embeds.onnx`); the int8/int4 graphs have none and refuse PPD with `CapabilityError`.
-Deterministic trees: lossless under every lossless verifier.
+Deterministic trees: lossless under every lossless verifier. The device step (`step=device`) runs
+PPD too (`device_step/ppd.py`).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from warpdecode.decoding.device_step.ppd import DevicePPD
 from warpdecode.decoding.drafters.learned import PackagedDrafter, ShapeLayout, fill_shape, ranked_tokens
 from warpdecode.decoding.latency import choose_nodes, verify_seconds
 from warpdecode.decoding.protocols import AcceptResult, DecodeState
@@ -39,6 +43,10 @@ from warpdecode.models.ppd import PromptTokens
 @register("drafter", "ppd")
 class PPDDrafter(PackagedDrafter[PromptTokens]):
     kind = "ppd"
+    device_drafter: ClassVar[type[DevicePPD]] = DevicePPD
+    """Its form made of tensor ops, for the device-resident step (`decoding/device_step`): the groups ride
+    in the verify forward as auxiliary rows."""
+
     net_class = PromptTokens
 
     def __init__(self, path: str, tree: str = "static", num_nodes: int | str | None = None,
