@@ -68,13 +68,13 @@ class GgufEmbedding(nn.Module):
     layers' weights do; the table itself is `rows` (V, bytes per row) uint8.
     """
 
+    rows: Tensor  # (V, bytes per row) uint8
+
     def __init__(self, rows: Tensor, tensor_type: Any, dim: int) -> None:
         super().__init__()
-        import gguf
-
         self.register_buffer("rows", rows, persistent=False)
         self.weight = nn.Parameter(torch.empty(0, dim), requires_grad=False)
-        self.tensor_type, self.dim, self.dequantize = tensor_type, dim, gguf.quants.dequantize
+        self.tensor_type, self.dim = tensor_type, dim
 
     @property
     def num_embeddings(self) -> int:
@@ -83,7 +83,10 @@ class GgufEmbedding(nn.Module):
     def dense_rows(self, index: Tensor) -> Tensor:
         """(N,) row indices → (N, C) float32."""
         raw = self.rows.index_select(0, index.reshape(-1).cpu()).numpy()
-        return torch.from_numpy(np.asarray(self.dequantize(raw, self.tensor_type), dtype=np.float32).reshape(-1, self.dim))
+        import gguf
+
+        values = gguf.quants.dequantize(raw, self.tensor_type)
+        return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(-1, self.dim))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(...) int64 → (..., C) float32."""
