@@ -39,7 +39,7 @@ from warpdecode.models.tokenizer import Tokenizer
 OUTSIDE, STRING, ESCAPE = 0, 1, 2
 """JSON lexical states a token's bytes are read in: outside strings, inside one, after a backslash."""
 
-_OUTSIDE_WEIGHTS = {ord("}"): 4.0, ord("]"): 4.0, ord('"'): -1.0, ord("{"): -4.0, ord("["): -4.0, ord(","): -1.0, ord("-"): -0.5,
+_OUTSIDE_WEIGHTS = {ord("}"): 4.0, ord("]"): 4.0, ord('"'): -1.0, ord("{"): -4.0, ord("["): -4.0, ord(","): 0.5, ord("-"): -0.5,
                     ord(" "): -1.0, ord("\n"): -1.0, ord("\t"): -1.0, ord("\r"): -1.0}
 """Closing preference of a byte outside strings: closing brackets; not openers (a quote opens a string)."""
 
@@ -185,7 +185,7 @@ class BudgetClosing:
     `closing_tokens` counts the closing's tokens once it is emitted (0 before, or without a closing).
     """
 
-    def __init__(self, tables: ClosingTables, budget: int, *, window: int = 8, every: int = 8,
+    def __init__(self, tables: ClosingTables, budget: int, *, window: int = 16, every: int = 8,
                  lookahead: int = 8) -> None:
         self.tables = tables
         self.budget = budget
