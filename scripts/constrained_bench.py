@@ -26,7 +26,8 @@ Outputs are counted as valid (finished with EOS and validated), invalid
 cannot resolve offline), "length" (the budget ran out: a valid prefix, never counted as valid) or
 closed (the budget ran out and the output was closed: finish reason `length`, validated apart; the
 closing's tokens are counted against the closed outputs' tokens). Closing tokens cost no forward and
-count in tokens/s; the closing's rollouts count in the grammar hook and its masks in the mask columns.
+count in tokens/s; the closing's rollouts count in the grammar hook and its masks in the mask columns,
+and their number and time are printed after the table.
 Unconstrained outputs count as valid when the first fenced block, or else the outermost {...}, of the
 text validates (the compliance baseline).
 """
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 
+from warpdecode.decoding.constraints import closing as closing_module
 from warpdecode.decoding.constraints.awrs import AdaptiveRejection
 from warpdecode.decoding.constraints.llguidance_matcher import GrammarState
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
@@ -116,6 +118,24 @@ def _timed_fill_mask() -> None:
     GrammarState.fill_mask = wrapper  # type: ignore[method-assign]
 
 
+ROLLOUTS = [0, 0.0, 0]
+"""Closing rollouts (`closing.closing` calls), their seconds and the tokens they returned, since the last reset."""
+
+
+def _timed_rollouts() -> None:
+    method = closing_module.closing
+
+    def wrapper(*args: Any, **kwargs: Any) -> list[int] | None:
+        start = time.perf_counter()
+        out = method(*args, **kwargs)
+        ROLLOUTS[0] += 1
+        ROLLOUTS[1] += time.perf_counter() - start
+        ROLLOUTS[2] += len(out or ())
+        return out
+
+    closing_module.closing = wrapper  # type: ignore[assignment]
+
+
 CHECKS = [0]
 """`GrammarState.allows` calls (adaptive rejection's matcher checks) since the last reset."""
 
@@ -182,11 +202,13 @@ def main() -> None:
                 _timed_hook(cls, name)
     _timed_fill_mask()
     _counted_checks()
+    _timed_rollouts()
     configs = CONFIGS if args.compare == "speculation" else AWRS_CONFIGS
     tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
                      "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0,
-                     "closed": 0, "closed invalid": 0, "closed tokens": 0, "closing tokens": 0} for name, *_ in configs}
+                     "closed": 0, "closed invalid": 0, "closed tokens": 0, "closing tokens": 0, "rollouts": 0,
+                     "rollout seconds": 0.0, "rollout tokens": 0} for name, *_ in configs}
     for round_ in range(args.rounds):
         for index, (task_name, prompt, rf, schema) in enumerate(tasks):
             reference = closed_reference = None
@@ -194,6 +216,7 @@ def main() -> None:
                 hook_before = CONSTRAINT_SECONDS[0]
                 MASK_SECONDS.clear()
                 CHECKS[0] = 0
+                ROLLOUTS[:] = [0, 0.0, 0]
                 out = warpdecode.generate(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, method=method,
                                           response_format=rf if constrained else None, jump_forward=jump_forward,
                                           constrained_sampling=sampling, do_sample=do_sample, close_at_budget=close,
@@ -207,6 +230,9 @@ def main() -> None:
                 t["hook"] += CONSTRAINT_SECONDS[0] - hook_before
                 t["masks"] += MASK_SECONDS
                 t["checks"] += CHECKS[0]
+                t["rollouts"] += ROLLOUTS[0]
+                t["rollout seconds"] += ROLLOUTS[1]
+                t["rollout tokens"] += ROLLOUTS[2]
                 closing = out.stats.closing_tokens
                 if constrained and close:
                     model_part = out.token_ids[: len(out.token_ids) - closing]
@@ -244,6 +270,11 @@ def main() -> None:
               f"{t['forwards']} | {t['valid']}/{t['runs']} | {invalid}{' + ' + str(t['unverifiable']) + ' unverifiable' if t['unverifiable'] else ''} | "
               f"{t['length']} | {_closed(t)} | {100 * t['hook'] / t['seconds']:.1f} % | {timing} | {len(masks) / t['tokens']:.2f} | "
               f"{t['checks'] / t['tokens']:.2f} |")
+    for name, t in totals.items():
+        if t["rollouts"]:
+            print(f"{name}: {t['rollouts']} closing rollouts ({t['rollouts'] / t['runs']:.1f} per output), "
+                  f"{1e3 * t['rollout seconds'] / t['rollouts']:.2f} ms each, {1e6 * t['rollout seconds'] / max(1, t['rollout tokens']):.0f} µs "
+                  f"per closing token found, {100 * t['rollout seconds'] / t['seconds']:.1f} % of the decode time")
 
 
 def _closed(t: dict[str, Any]) -> str:

@@ -183,6 +183,9 @@ class BudgetClosing:
     which the closing would no longer fit `budget` with the closing from before it.
 
     `closing_tokens` counts the closing's tokens once it is emitted (0 before, or without a closing).
+    Where no closing fits, none is looked for again: the shortest completion after a token is at most
+    one token shorter than before it, while the budget left is one token shorter, so it never fits
+    again (the rollout is not the shortest completion, so this is a rule, not a proof).
     """
 
     def __init__(self, tables: ClosingTables, budget: int, *, window: int = 16, every: int = 8,
@@ -221,12 +224,12 @@ class BudgetClosing:
                 slack = left - len(found)
                 self.next_check = self.position + (1 if slack <= self.window else min(self.every, slack - self.window))
                 continue
-            self.next_check = self.position + self.every
             state.rollback(1)  # the closing from before this token, if it fits there
             back = fits_before if fits_before is not None else closing(state, self.tables, lex_before, left + 1,
                                                                        lookahead=self.lookahead)
-            if back is None:
-                state.advance([token])  # no closing fits either way: follow the model
+            if back is None:  # none fits now, and none will: a token shortens a completion by one at most
+                state.advance([token])
+                self.next_check = self.budget + 1
                 continue
             out.pop()
             state.advance(back)
