@@ -12,9 +12,11 @@ The closing is a rollout on the matcher (advanced, then rolled back): a stop tok
 grammar accepts; else the tokens it forces; else, among the allowed tokens, one of the first
 `lookahead` by closing preference after which the grammar accepts, or the first of them. The
 preference reads each token's bytes as JSON text, inside or outside a string (`ClosingTables`): `}`
-and `]` first, a string's closing `"`; `{`, `[`, `,`, escapes and whitespace last; then the longest
-token, then the lowest id. It is a heuristic, not the shortest completion: where it does not complete
-within the budget left, the output is not closed and ends with `length` as without closing.
+and `]` first, a string's closing `"` (the fewer characters before it the better); `{`, `[`, `,`,
+escapes, whitespace and number characters last (a sign the very last); then the longest token, then
+the lowest id. A token with no closing text is picked once per rollout while another candidate is
+there (no loops). It is a heuristic, not the shortest completion: where it does not complete within
+the budget left, the output is not closed and ends with `length` as without closing.
 
 The decision is taken token by token on the committed output, whatever step produced the tokens
 (plain decoding, an accepted draft path, forced tokens), so every lossless method gives the same closed
@@ -39,9 +41,11 @@ from warpdecode.models.tokenizer import Tokenizer
 OUTSIDE, STRING, ESCAPE = 0, 1, 2
 """JSON lexical states a token's bytes are read in: outside strings, inside one, after a backslash."""
 
-_OUTSIDE_WEIGHTS = {ord("}"): 4.0, ord("]"): 4.0, ord('"'): -1.0, ord("{"): -4.0, ord("["): -4.0, ord(","): 0.5, ord("-"): -0.5,
-                    ord(" "): -1.0, ord("\n"): -1.0, ord("\t"): -1.0, ord("\r"): -1.0}
-"""Closing preference of a byte outside strings: closing brackets; not openers (a quote opens a string)."""
+_OUTSIDE_WEIGHTS = {ord("}"): 4.0, ord("]"): 4.0, ord('"'): -1.0, ord("{"): -4.0, ord("["): -4.0, ord(","): -1.0,
+                    ord(" "): -1.0, ord("\n"): -1.0, ord("\t"): -1.0, ord("\r"): -1.0,
+                    **{c: -1.5 for c in b"0123456789.eE"}, ord("-"): -2.0, ord("+"): -2.0}
+"""Closing preference of a byte outside strings: closing brackets first; not openers (a quote opens a
+string), separators, whitespace, and least of all more of a number (a comma ends one sooner)."""
 
 _TABLES: weakref.WeakKeyDictionary[Tokenizer, dict[int, ClosingTables]] = weakref.WeakKeyDictionary()
 
