@@ -179,3 +179,13 @@ def test_real_model_closes_a_looping_string(smollm2):
     assert cut.finish_reason == closed.finish_reason == "length" and closed.stats.closing_tokens > 0
     assert _closed_prefix(closed) == cut.token_ids[: len(_closed_prefix(closed))]
     jsonschema.validate(json.loads(closed.text), schema)
+
+
+def test_cli_close_at_budget(tiny_model_dir, capsys):
+    from warpdecode.cli import main
+
+    main(["generate", "--model", str(tiny_model_dir), "--prompt", "hi", "--regex", "a{2,60}b", "--max_new_tokens", "6",
+          "--close_at_budget", "true", "--json", "--threads", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert re.fullmatch("a{2,60}b", out["text"]) and len(out["token_ids"]) <= 6
+    assert out["finish_reason"] == "length" and out["stats"]["closing_tokens"] == 2  # "b" and EOS

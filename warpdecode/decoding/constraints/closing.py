@@ -47,11 +47,11 @@ _OUTSIDE_WEIGHTS = {ord("}"): 4.0, ord("]"): 4.0, ord('"'): -1.0, ord("{"): -4.0
 """Closing preference of a byte outside strings: closing brackets first; not openers (a quote opens a
 string), separators, whitespace, and least of all more of a number (a comma ends one sooner)."""
 
-_TABLES: weakref.WeakKeyDictionary[Tokenizer, dict[int, ClosingTables]] = weakref.WeakKeyDictionary()
-
-
 HEAD = 2048
 """Tokens of each preference order read from the packed mask first (the allowed ones are mostly there)."""
+
+_TABLES: weakref.WeakKeyDictionary[Tokenizer, dict[int, ClosingTables]] = weakref.WeakKeyDictionary()
+"""Tokenizer → V → its tables (built once: ~0.5 s for 49k tokens)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ class ClosingTables:
 
     @classmethod
     def build(cls, token_bytes: list[bytes]) -> ClosingTables:
-        """Tables of a vocabulary; `token_bytes[i]`: the text of token i (b"" for special tokens)."""
+        """Tables of a vocabulary; `token_bytes[i]`: the bytes of token i (a special token's are never
+        allowed by a grammar, whatever they read)."""
         orders, ends, table = [], [], []
         for start in (OUTSIDE, STRING, ESCAPE):
             scores, after = [], []
