@@ -156,6 +156,9 @@ def test_bad_values_are_one_line_config_errors(pair, kwargs, message):
         with pytest.raises(ConfigError, match=message) as error:
             call()
         assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="needs a response_format"):  # a list of free rows only
+        generate_batch(model, tokenizer, [[5, 6], [7]], max_new_tokens=4, response_format=[None, {"type": "text"}],
+                       close_at_budget=True)
 
 
 def test_off_by_default(pair):

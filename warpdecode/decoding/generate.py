@@ -426,6 +426,8 @@ def generate_batch(
 
     grammars = compile_row_formats(response_format, tokenizer, rows=len(ids), vocab_size=model.config.vocab_size,
                                    stop_ids=stop_token_ids(model, tokenizer))
+    if close_at_budget and all(g is None for g in grammars):
+        _check_closing(close_at_budget, None)  # a list of free rows only: nothing to close
     if any(g is not None for g in grammars):
         from warpdecode.decoding.constraints.rows import decode_rows
 
