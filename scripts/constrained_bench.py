@@ -19,9 +19,15 @@ against their schema (`jsonschema`), speed relative to constrained plain greedy,
 time spent in the engine's grammar hook (masks, tree walks, commits), and llguidance's time per
 mask (`GrammarState.fill_mask`, p50 / p99 over every call), full masks and matcher checks
 (`GrammarState.allows`) per new token. Greedy constrained configurations must produce identical
-tokens (checked). Outputs are counted as valid (finished with EOS and validated), invalid
+tokens (checked); with budget-aware closing (`close_at_budget`, the "+ closing" rows) the tokens before
+the closing must be those, and both closing configurations must give the same output (checked).
+Outputs are counted as valid (finished with EOS and validated), invalid
 (finished but not valid: possible only under a lenient grammar), unverifiable (a `$ref` jsonschema
-cannot resolve offline) or "length" (the budget ran out: a valid prefix, never counted as valid).
+cannot resolve offline), "length" (the budget ran out: a valid prefix, never counted as valid) or
+closed (the budget ran out and the output was closed: finish reason `length`, validated apart; the
+closing's tokens are counted against the closed outputs' tokens). Closing tokens cost no forward and
+count in tokens/s; the closing's rollouts count in the grammar hook and its masks in the mask columns,
+and their number and time are printed after the table.
 Unconstrained outputs count as valid when the first fenced block, or else the outermost {...}, of the
 text validates (the compliance baseline).
 """
@@ -38,6 +44,7 @@ from typing import Any
 
 import torch
 
+from warpdecode.decoding.constraints import closing as closing_module
 from warpdecode.decoding.constraints.awrs import AdaptiveRejection
 from warpdecode.decoding.constraints.llguidance_matcher import GrammarState
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
@@ -49,18 +56,20 @@ from schema_set import compile_modes, schemas, validate
 
 import warpdecode
 
-CONFIGS = [  # name, method, constrained, jump_forward, constrained_sampling, do_sample
-    ("unconstrained greedy", "none", False, False, "mask", False),
-    ("constrained greedy", "none", True, False, "mask", False),
-    ("constrained greedy + jump-forward", "none", True, True, "mask", False),
-    ("constrained prompt_lookup", "prompt_lookup", True, False, "mask", False),
-    ("constrained prompt_lookup + jump-forward", "prompt_lookup", True, True, "mask", False),
+CONFIGS = [  # name, method, constrained, jump_forward, constrained_sampling, do_sample, close_at_budget
+    ("unconstrained greedy", "none", False, False, "mask", False, False),
+    ("constrained greedy", "none", True, False, "mask", False, False),
+    ("constrained greedy + jump-forward", "none", True, True, "mask", False, False),
+    ("constrained prompt_lookup", "prompt_lookup", True, False, "mask", False, False),
+    ("constrained prompt_lookup + jump-forward", "prompt_lookup", True, True, "mask", False, False),
+    ("constrained greedy + closing", "none", True, False, "mask", False, True),
+    ("constrained prompt_lookup + jump-forward + closing", "prompt_lookup", True, True, "mask", False, True),
 ]
 AWRS_CONFIGS = [  # --compare awrs: full mask vs adaptive rejection, plain decoding, no jump-forward
-    ("constrained greedy", "none", True, False, "mask", False),
-    ("constrained greedy, awrs", "none", True, False, "awrs", False),
-    ("constrained sampling", "none", True, False, "mask", True),
-    ("constrained sampling, awrs", "none", True, False, "awrs", True),
+    ("constrained greedy", "none", True, False, "mask", False, False),
+    ("constrained greedy, awrs", "none", True, False, "awrs", False, False),
+    ("constrained sampling", "none", True, False, "mask", True, False),
+    ("constrained sampling, awrs", "none", True, False, "awrs", True, False),
 ]
 TASKS = {
     "person": "Invent a fictional person.",
@@ -107,6 +116,24 @@ def _timed_fill_mask() -> None:
         MASK_SECONDS.append(time.perf_counter() - start)
 
     GrammarState.fill_mask = wrapper  # type: ignore[method-assign]
+
+
+ROLLOUTS = [0, 0.0, 0]
+"""Closing rollouts (`closing.closing` calls), their seconds and the tokens they returned, since the last reset."""
+
+
+def _timed_rollouts() -> None:
+    method = closing_module.closing
+
+    def wrapper(*args: Any, **kwargs: Any) -> list[int] | None:
+        start = time.perf_counter()
+        out = method(*args, **kwargs)
+        ROLLOUTS[0] += 1
+        ROLLOUTS[1] += time.perf_counter() - start
+        ROLLOUTS[2] += len(out or ())
+        return out
+
+    closing_module.closing = wrapper  # type: ignore[assignment]
 
 
 CHECKS = [0]
@@ -175,20 +202,24 @@ def main() -> None:
                 _timed_hook(cls, name)
     _timed_fill_mask()
     _counted_checks()
+    _timed_rollouts()
     configs = CONFIGS if args.compare == "speculation" else AWRS_CONFIGS
     tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
-                     "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0} for name, *_ in configs}
+                     "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0,
+                     "closed": 0, "closed invalid": 0, "closed tokens": 0, "closing tokens": 0, "rollouts": 0,
+                     "rollout seconds": 0.0, "rollout tokens": 0} for name, *_ in configs}
     for round_ in range(args.rounds):
         for index, (task_name, prompt, rf, schema) in enumerate(tasks):
-            reference = None
-            for name, method, constrained, jump_forward, sampling, do_sample in configs:
+            reference = closed_reference = None
+            for name, method, constrained, jump_forward, sampling, do_sample, close in configs:
                 hook_before = CONSTRAINT_SECONDS[0]
                 MASK_SECONDS.clear()
                 CHECKS[0] = 0
+                ROLLOUTS[:] = [0, 0.0, 0]
                 out = warpdecode.generate(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, method=method,
                                           response_format=rf if constrained else None, jump_forward=jump_forward,
-                                          constrained_sampling=sampling, do_sample=do_sample,
+                                          constrained_sampling=sampling, do_sample=do_sample, close_at_budget=close,
                                           seed=1000 * round_ + index if do_sample else None)
                 t = totals[name]
                 t["tokens"] += out.stats.new_tokens
@@ -199,10 +230,25 @@ def main() -> None:
                 t["hook"] += CONSTRAINT_SECONDS[0] - hook_before
                 t["masks"] += MASK_SECONDS
                 t["checks"] += CHECKS[0]
-                if constrained:
+                t["rollouts"] += ROLLOUTS[0]
+                t["rollout seconds"] += ROLLOUTS[1]
+                t["rollout tokens"] += ROLLOUTS[2]
+                closing = out.stats.closing_tokens
+                if constrained and close:
+                    model_part = out.token_ids[: len(out.token_ids) - closing]
+                    assert reference is not None and model_part == reference[: len(model_part)], \
+                        f"{name}: the tokens before the closing differ from constrained greedy on {task_name}"
+                    closed_reference = closed_reference or out.token_ids
+                    assert out.token_ids == closed_reference, f"{name} closes differently on {task_name}"
+                elif constrained:
                     if reference is None and not do_sample:
                         reference = out.token_ids
                     assert do_sample or out.token_ids == reference, f"{name} differs from constrained greedy on {task_name}"
+                if constrained and closing:
+                    verdict = "closed" if validate(out.text, schema) == "valid" else "closed invalid"
+                    t["closed tokens"] += out.stats.new_tokens
+                    t["closing tokens"] += closing
+                elif constrained:
                     verdict = validate(out.text, schema) if out.finish_reason == "eos" else "length"
                 else:
                     verdict = validate(out.text, schema, extract=True)
@@ -211,9 +257,9 @@ def main() -> None:
                       f"{out.finish_reason:6s} {verdict:12s} {out.text[:60]!r}", flush=True)
     base = totals["constrained greedy"]
     base_speed = base["tokens"] / base["seconds"]
-    print("\n| configuration | tokens/s | vs constrained greedy | τ | forwards | valid | invalid | length | grammar hook |"
-          " mask p50 / p99 (µs) | full masks per token | checks per token |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| configuration | tokens/s | vs constrained greedy | τ | forwards | valid | invalid | length | closed (valid) |"
+          " closing tokens | grammar hook | mask p50 / p99 (µs) | full masks per token | checks per token |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, t in totals.items():
         speed = t["tokens"] / t["seconds"]
         masks = sorted(t["masks"])
@@ -222,8 +268,22 @@ def main() -> None:
         invalid = t["invalid"] + t["not json"]
         print(f"| {name} | {speed:.1f} | {speed / base_speed:.2f}x | {(t['accepted'] + t['forwards']) / t['forwards']:.2f} | "
               f"{t['forwards']} | {t['valid']}/{t['runs']} | {invalid}{' + ' + str(t['unverifiable']) + ' unverifiable' if t['unverifiable'] else ''} | "
-              f"{t['length']} | {100 * t['hook'] / t['seconds']:.1f} % | {timing} | {len(masks) / t['tokens']:.2f} | "
+              f"{t['length']} | {_closed(t)} | {100 * t['hook'] / t['seconds']:.1f} % | {timing} | {len(masks) / t['tokens']:.2f} | "
               f"{t['checks'] / t['tokens']:.2f} |")
+    for name, t in totals.items():
+        if t["rollouts"]:
+            print(f"{name}: {t['rollouts']} closing rollouts ({t['rollouts'] / t['runs']:.1f} per output), "
+                  f"{1e3 * t['rollout seconds'] / t['rollouts']:.2f} ms each, {1e6 * t['rollout seconds'] / max(1, t['rollout tokens']):.0f} µs "
+                  f"per closing token found, {100 * t['rollout seconds'] / t['seconds']:.1f} % of the decode time")
+
+
+def _closed(t: dict[str, Any]) -> str:
+    """The closed outputs (valid of all) and the closing's share of their tokens, as two table cells."""
+    if not t["closed"] + t["closed invalid"]:
+        return "– | –"
+    share = t["closing tokens"] / t["closed tokens"]
+    return (f"{t['closed']}/{t['closed'] + t['closed invalid']} | {t['closing tokens']} of {t['closed tokens']} "
+            f"({100 * share:.1f} %)")
 
 
 if __name__ == "__main__":

@@ -69,3 +69,27 @@ def test_a_bad_format_is_a_400_naming_the_field(served, response_format, message
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"].startswith(message) and "\n" not in error["message"]
+
+
+def test_close_at_budget_closes_alone_and_in_a_batch(served):
+    """A free string the budget cuts: closed within `max_tokens` (valid JSON, finish_reason length), the
+    same alone, with prompt lookup and in a batch; refused without a response_format."""
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    bodies = [{"prompt": p, "max_tokens": 12, "temperature": 0, "response_format": rf, "close_at_budget": True, **extra}
+              for p in ("print(", "Write a") for extra in ({}, {"speculation": "prompt_lookup"})]
+
+    def post(body):
+        choice = httpx.post(served.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]
+        return choice["text"], choice["finish_reason"]
+
+    alone = [post(b) for b in bodies]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(post, bodies))
+    assert together == alone
+    for text, finish in alone:
+        assert finish == "length" and set(json.loads(text)) == {"s"}
+    cut = post({**bodies[0], "close_at_budget": False})
+    assert cut[1] == "length" and cut[0] != alone[0][0]
+    response = httpx.post(served.url + "/v1/completions", json={"prompt": "x", "close_at_budget": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "close_at_budget"

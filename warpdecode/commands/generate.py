@@ -62,6 +62,7 @@ def generate(
     choice: str | None = None,
     jump_forward: bool = True,
     constrained_sampling: str = "mask",
+    close_at_budget: bool = False,
     num_beams: int = 1,
     num_return_sequences: int = 1,
     length_penalty: float = 1.0,
@@ -154,6 +155,10 @@ def generate(
         constrained_sampling: how an undrafted step keeps a constraint: mask (the full allowed-token
             mask) or awrs (check candidates from the unconstrained row until one is allowed: the same
             distribution and greedy tokens; --temperature only, no top-k/top-p/min-p/typical-p).
+        close_at_budget: with a constraint, end an output that --max-new-tokens would cut with a closing
+            that completes it (valid JSON, say) within the budget: the model's tokens up to the last point
+            where a closing fits, then the closing. The stop reason stays length (the answer was cut);
+            --json reports stats.closing_tokens, the closing's tokens. Off by default.
         num_beams: > 1 runs beam search with this many beams (Hugging Face's rules and outputs); a search
             method (best_of_n, first_finish, sample: `warpdecode methods`) is named with --method instead,
             e.g. best_of_n:n=8:scorer=logprob. See docs/search.md.
@@ -182,6 +187,8 @@ def generate(
             raise ConfigError("a diffusion LM samples with --temperature only (no top-k/top-p/min-p/typical filters)")
         if constrained_sampling != "mask":
             raise ConfigError("a diffusion LM keeps a constraint by checking its commits: drop --constrained-sampling")
+        if close_at_budget:
+            raise ConfigError("a diffusion LM decodes a fixed answer region: drop --close-at-budget")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         _generate_diffusion(target, tokenizer, prompt, method or "fixed", method_options, max_new_tokens,
                             json_output, temperature, generator, response_format)
@@ -226,6 +233,7 @@ def generate(
         response_format=response_format,
         jump_forward=jump_forward,
         constrained_sampling=constrained_sampling,
+        close_at_budget=close_at_budget,
         num_beams=num_beams,
         num_return_sequences=num_return_sequences,
         length_penalty=length_penalty,

@@ -61,7 +61,8 @@ class Row:
     last: list[int] = field(default_factory=list)
     """The tokens the last `add` or `step` gave it (one, or a speculative step's accepted path and bonus)."""
     finish: FinishReason | None = None
-    """Set once the row is done: `eos` (a stop token, the last of `new`) or `length` (its budget)."""
+    """Set once the row is done: `eos` (a stop token, the last of `new`) or `length` (its budget; also a
+    constrained row closed within it, `stats.closing_tokens` > 0)."""
     stats: DecodeStats = field(default_factory=DecodeStats)
     prompt_len: int = -1
     """Tokens of `prompt` that are the request's prompt; any after them were generated before the row
@@ -85,7 +86,9 @@ class Row:
         self.last = tokens
         if self.state is not None:
             self.state.tokens.extend(tokens)
-        if (tokens and tokens[-1] in stop_ids) or (self.constraint is not None and self.constraint.done):
+        if self.constraint is not None and self.constraint.closing_tokens:
+            self.finish, self.stats.closing_tokens = "length", self.constraint.closing_tokens  # closed at its budget
+        elif (tokens and tokens[-1] in stop_ids) or (self.constraint is not None and self.constraint.done):
             self.finish = "eos"
         elif len(self.new) >= self.budget:
             self.finish = "length"

@@ -55,7 +55,8 @@ def run(
 
     `constraint` keeps the output in a grammar: it masks every logits row with its own context's
     allowed tokens (after the penalties), cuts the tree's forbidden drafts and ends on the grammar's
-    stop token (`decoding/constraints/tree_mask.py`). `stop_check` (stop strings,
+    stop token (`decoding/constraints/tree_mask.py`), or closes the output within `max_new_tokens`
+    (finish "length", `stats.closing_tokens`) when it carries a `BudgetClosing`. `stop_check` (stop strings,
     `StopStrings.check`) sees each batch of emitted tokens before `on_tokens` and returns how many of
     them to keep when generation ends inside them (finish "stop").
     """
@@ -143,6 +144,8 @@ def run(
             on_tokens(emitted)
     if stopped:
         finish = "stop"
+    elif constraint is not None and constraint.closing_tokens:
+        finish, stats.closing_tokens = "length", constraint.closing_tokens  # the budget cut it; closed
     elif pending in stop_ids or (constraint is not None and constraint.done):
         finish = "eos"
     stats.seconds = time.perf_counter() - start

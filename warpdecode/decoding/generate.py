@@ -21,6 +21,8 @@ from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.closing import BudgetClosing
+    from warpdecode.decoding.constraints.llguidance_matcher import Grammar
     from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 
 __all__ = ["DecodeStats", "FinishReason", "GenerateOutput", "build_method", "encode_prompt", "generate", "generate_batch"]
@@ -165,6 +167,7 @@ def generate(
     response_format: Mapping[str, Any] | None = None,
     jump_forward: bool = True,
     constrained_sampling: str = "mask",
+    close_at_budget: bool = False,
     num_beams: int = 1,
     num_return_sequences: int = 1,
     length_penalty: float = 1.0,
@@ -213,6 +216,12 @@ def generate(
     picks how an undrafted step's token is kept in the grammar: "mask" (the full allowed-token mask)
     or "awrs" (draw from the unconstrained row and check candidates with the matcher until one is
     allowed; the same distribution, and the same greedy tokens) (docs/structured-output.md).
+    `close_at_budget` ends a constrained output that the budget would cut with a closing that completes
+    the grammar within it: the model's tokens up to the last point where a closing still fits, then the
+    closing and the stop token (`decoding/constraints/closing.py`). The finish reason stays "length"
+    (the budget cut the model's answer: a value may be cut short) and `stats.closing_tokens` counts the
+    closing's tokens; an output whose grammar cannot be completed within the budget ends with "length"
+    as without it. Off by default: it rewrites the model's last tokens, and OpenAI's API cuts the text.
 
     Several candidates (docs/search.md): `num_beams` > 1 runs beam search (`num_beam_groups` > 1: diverse
     beam search), `num_return_sequences` > 1 with sampling n samples, with Hugging Face's options; or
@@ -221,6 +230,7 @@ def generate(
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    _check_closing(close_at_budget, response_format)
     config = SamplingConfig(do_sample, temperature, top_k, top_p, seed, min_p, typical_p, repetition_penalty,
                             frequency_penalty, presence_penalty)
     stops = set(_as_ids(eos_token_id)) if eos_token_id is not None else stop_token_ids(model, tokenizer)
@@ -250,7 +260,8 @@ def generate(
         assert stream is not None and streamer is not None
         streamer(matcher.push(stream.push(tokens)))
 
-    constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler)
+    constraint = _constraint(model, tokenizer, response_format, jump_forward, constrained_sampling, sampler,
+                             budget if close_at_budget else None)
     if constraint is not None and (device_step or built.device_step):
         raise CapabilityError("the device step does not take a response_format; use the engine's loop")
     rule = _rule(config, penalty_alpha, mirostat, mirostat_tau, mirostat_eta, rule)
@@ -327,9 +338,30 @@ def _as_ids(eos_token_id: int | Sequence[int]) -> list[int]:
     return ids
 
 
+def _check_closing(close_at_budget: bool, response_format: object) -> None:
+    """ConfigError unless `close_at_budget` is a bool, and True only with a `response_format`."""
+    if not isinstance(close_at_budget, bool):
+        raise ConfigError(f"close_at_budget must be true or false, got {close_at_budget!r}")
+    if close_at_budget and (response_format is None or
+                            (isinstance(response_format, Mapping) and response_format.get("type") == "text")):
+        raise ConfigError("close_at_budget closes a constrained output: it needs a response_format "
+                          "(--json-schema, --regex, --grammar or --choice)")
+
+
+def _closing(tokenizer: Tokenizer | None, grammar: Grammar, budget: int | None) -> BudgetClosing | None:
+    """Budget-aware closing of one output of `grammar` within `budget` tokens (None: no closing)."""
+    if budget is None or tokenizer is None:
+        return None
+    from warpdecode.decoding.constraints.closing import BudgetClosing, ClosingTables
+
+    return BudgetClosing(ClosingTables.of(tokenizer, grammar.vocab_size, grammar.stop_ids), budget)
+
+
 def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,
-                jump_forward: bool, constrained_sampling: str, sampler: Sampler) -> ConstrainedDecoding | None:
-    """The engine's grammar hook for `response_format` (None: unconstrained)."""
+                jump_forward: bool, constrained_sampling: str, sampler: Sampler,
+                closing_budget: int | None = None) -> ConstrainedDecoding | None:
+    """The engine's grammar hook for `response_format` (None: unconstrained), closing the output within
+    `closing_budget` tokens when given."""
     if constrained_sampling not in ("mask", "awrs"):
         raise ConfigError(f"constrained_sampling must be 'mask' or 'awrs', got {constrained_sampling!r}")
     if response_format is None:
@@ -341,11 +373,12 @@ def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: M
                                       stop_ids=stop_token_ids(model, tokenizer))
     if grammar is None:
         return None
+    closing = _closing(tokenizer, grammar, closing_budget)
     if constrained_sampling == "awrs":
         from warpdecode.decoding.constraints.awrs import AdaptiveRejection
 
-        return AdaptiveRejection(grammar.state(), sampler, jump_forward=jump_forward)
-    return ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
+        return AdaptiveRejection(grammar.state(), sampler, jump_forward=jump_forward, closing=closing)
+    return ConstrainedDecoding(grammar.state(), jump_forward=jump_forward, closing=closing)
 
 
 def generate_batch(
@@ -358,6 +391,7 @@ def generate_batch(
     stop_at_eos: bool = True,
     response_format: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     jump_forward: bool = True,
+    close_at_budget: bool = False,
     **sampling: Any,
 ) -> list[GenerateOutput]:
     """Plain decoding of several prompts in one batch (one forward per step for all of them).
@@ -371,7 +405,8 @@ def generate_batch(
     `response_format` (as in `generate()`): one for every prompt, or a list of one per prompt (None: free).
     The rows then decode as the server's continuous batch does, each constrained row with its own
     matcher state: each row's tokens are those of `generate()` alone with its format (greedy, or sampled
-    with a seed: each row then draws from its own generator seeded with `seed`).
+    with a seed: each row then draws from its own generator seeded with `seed`). `close_at_budget` (as in
+    `generate()`) closes each constrained row within its budget.
     """
     from warpdecode.decoding.batch import decode_batch
 
@@ -379,6 +414,7 @@ def generate_batch(
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if not prompts:
         raise ConfigError("generate_batch needs at least one prompt")
+    _check_closing(close_at_budget, response_format)
     try:
         config = SamplingConfig(**sampling)
     except TypeError as error:
@@ -390,11 +426,16 @@ def generate_batch(
 
     grammars = compile_row_formats(response_format, tokenizer, rows=len(ids), vocab_size=model.config.vocab_size,
                                    stop_ids=stop_token_ids(model, tokenizer))
+    if close_at_budget and all(g is None for g in grammars):
+        _check_closing(close_at_budget, None)  # a list of free rows only: nothing to close
     if any(g is not None for g in grammars):
         from warpdecode.decoding.constraints.rows import decode_rows
 
+        closings = [None if g is None or not close_at_budget else _closing(tokenizer, g, b)
+                    for g, b in zip(grammars, budgets, strict=True)]
         results = decode_rows(model, ids, config, budgets=budgets, grammars=grammars, stop_ids=stops,
-                              plain=lambda: build_method("none", do_sample=config.do_sample), jump_forward=jump_forward)
+                              plain=lambda: build_method("none", do_sample=config.do_sample), jump_forward=jump_forward,
+                              closings=closings)
     else:
         results = decode_batch(model, ids, Sampler(config, device=model.embed.weight.device), budgets=budgets,
                                stop_ids=stops)

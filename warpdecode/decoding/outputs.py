@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["eos", "stop", "length", "context"]
-"""eos: a stop token; stop: a stop string (`generate(stop=...)`); length: `max_new_tokens`; context: the
-model's context is full."""
+"""eos: a stop token; stop: a stop string (`generate(stop=...)`); length: `max_new_tokens` (a constrained
+output closed by `close_at_budget` too: `DecodeStats.closing_tokens` > 0); context: the model's context
+is full."""
 
 
 def compute_tau(accepted: int, forwards: int, *, bonus: bool = True) -> float:
@@ -39,6 +40,9 @@ class DecodeStats:
     """Draft tokens that could have been accepted at each verify forward (the draft tree's depth)."""
     divergent_tokens: int = 0
     """Emitted draft tokens the target's argmax disagreed with (lossy verifiers: `trust`, `typical`)."""
+    closing_tokens: int = 0
+    """Tokens at the end of a constrained output written by budget-aware closing instead of the model
+    (`generate(close_at_budget=True)`, stop token included; finish reason `length`); 0 otherwise."""
     search_tokens: int = 0
     """Tokens generated over every row of a search (beams, samples), kept or discarded: its cost in
     tokens; 0 for single-sequence decoding, where it is `new_tokens`."""

@@ -207,7 +207,8 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         # n choices: n jobs when sampling (job i seeded seed + i), one job copied into every choice when
         # greedy (the n answers are the same tokens)
         jobs = [Job(ids, max_tokens, replace(sampling, seed=None if req.seed is None else req.seed + i), spec,
-                    req.stops(), emitter(i), grammar=grammar) for i in range(req.n if sampling.do_sample else 1)]
+                    req.stops(), emitter(i), grammar=grammar, close_at_budget=req.close_at_budget)
+                for i in range(req.n if sampling.do_sample else 1)]
         copies = 1 if sampling.do_sample else req.n
         scheduler.submit(*jobs)
         choices = _Choices(jobs, copies, events, request)

@@ -111,9 +111,16 @@ class _Sampling(_Strict):
     speculation: str | None = None
     """The decoding method of this request, `NAME[:KEY=VALUE...]` (default: the server's --method)."""
     response_format: ResponseFormat | None = None
+    close_at_budget: bool = False
+    """An extension: close a constrained output that `max_tokens` would cut with a completion of its
+    `response_format` within the budget (valid JSON); `finish_reason` stays `length`
+    (docs/structured-output.md)."""
 
     def check_common(self) -> None:
         """Refuse what the server accepts in the schema but cannot honour."""
+        if self.close_at_budget and (self.response_format is None or self.response_format.type == "text"):
+            raise bad_request("close_at_budget closes a constrained output: it needs a response_format",
+                              "close_at_budget")
         if self.logit_bias:
             raise bad_request("logit_bias is not supported yet", "logit_bias")
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []

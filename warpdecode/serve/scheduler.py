@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from warpdecode.decoding.constraints.closing import BudgetClosing, ClosingTables
 from warpdecode.decoding.constraints.llguidance_matcher import Grammar
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
@@ -85,6 +86,8 @@ class Job:
     emit: Callable[[Event], None]
     grammar: Grammar | None = None
     """The compiled `response_format` its output keeps to (None: free text)."""
+    close_at_budget: bool = False
+    """Close its constrained output within `max_tokens` (`decoding/constraints/closing.py`)."""
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -246,7 +249,7 @@ class Scheduler:
         if job.cancelled.is_set():
             self.metrics.finished.labels("cancelled").inc()
             return
-        constraint = None if job.grammar is None else ConstrainedDecoding(job.grammar.state())
+        constraint = None if job.grammar is None else ConstrainedDecoding(job.grammar.state(), closing=self._budget_closing(job))
         batched = self.max_num_seqs > 1
         try:
             method = self.method(job.spec, job.sampling.do_sample)
@@ -274,6 +277,13 @@ class Scheduler:
             method = build_method("none", do_sample=job.sampling.do_sample)
         self._join(job, sampler, output, method if constraint is not None else None, constraint)
 
+    def _budget_closing(self, job: Job) -> BudgetClosing | None:
+        """The budget-aware closing of `job`'s constrained output (None: it is cut at `max_tokens`)."""
+        if job.grammar is None or not job.close_at_budget:
+            return None
+        tables = ClosingTables.of(self.tokenizer, job.grammar.vocab_size, job.grammar.stop_ids)
+        return BudgetClosing(tables, job.max_tokens)
+
     def _alone(self) -> bool:
         with self._cond:
             return not self._jobs
@@ -300,8 +310,8 @@ class Scheduler:
                 output.finish(eos=False)
                 return True
             produced = output.produced
-            if produced[-1] in self.stop_ids or len(produced) >= job.max_tokens:
-                output.finish(eos=produced[-1] in self.stop_ids)
+            if produced[-1] in self.stop_ids or len(produced) >= job.max_tokens:  # a closed output: length
+                output.finish(eos=produced[-1] in self.stop_ids and not (constraint and constraint.closing_tokens))
                 return True
             return False
         self.metrics.tau.observe(stats.tau)

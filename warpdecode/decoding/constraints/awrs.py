@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from warpdecode.decoding.constraints.closing import BudgetClosing
 from warpdecode.decoding.constraints.protocol import Constraint
 from warpdecode.decoding.constraints.tree_mask import NEG_INF, ConstrainedDecoding
 from warpdecode.decoding.processors import Temperature
@@ -55,11 +56,12 @@ class AdaptiveRejection(ConstrainedDecoding):
     checks / selections); `fallbacks` counts steps that computed the full mask after `max_checks`.
     """
 
-    def __init__(self, state: Constraint, sampler: Sampler, *, jump_forward: bool = True, max_checks: int = 64) -> None:
+    def __init__(self, state: Constraint, sampler: Sampler, *, jump_forward: bool = True, max_checks: int = 64,
+                 closing: BudgetClosing | None = None) -> None:
         if any(not isinstance(warp, Temperature) for warp in sampler.warpers):
             raise CapabilityError("constrained_sampling='awrs' takes the temperature only: top_k, top_p, min_p and "
                                   "typical_p filter the masked distribution and need the full mask")
-        super().__init__(state, jump_forward=jump_forward)
+        super().__init__(state, jump_forward=jump_forward, closing=closing)
         self.sampler = sampler
         self.max_checks = max_checks
         self.lazy = False  # the tree `shape` last returned is empty and its row is selected by rejection

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from warpdecode.decoding.batch import Result
+from warpdecode.decoding.constraints.closing import BudgetClosing
 from warpdecode.decoding.constraints.llguidance_matcher import Grammar
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.continuous import ContinuousBatch, Row
@@ -19,8 +20,9 @@ from warpdecode.models.backbone import Backbone
 
 def decode_rows(target: Backbone, prompts: list[list[int]], config: SamplingConfig, *, budgets: list[int],
                 grammars: Sequence[Grammar | None], stop_ids: set[int], plain: Callable[[], Method],
-                jump_forward: bool = True) -> list[Result]:
-    """Decode every prompt, row i in `grammars[i]` (None: free) with at most `budgets[i]` new tokens.
+                jump_forward: bool = True, closings: Sequence[BudgetClosing | None] | None = None) -> list[Result]:
+    """Decode every prompt, row i in `grammars[i]` (None: free) with at most `budgets[i]` new tokens,
+    closed within them by `closings[i]` when given (`closing.py`).
 
     `plain` builds the components of plain decoding (`build_method("none")`) for each constrained row
     (components keep per-request state). Returns (new tokens, finish reason, stats) per prompt, in order.
@@ -29,8 +31,9 @@ def decode_rows(target: Backbone, prompts: list[list[int]], config: SamplingConf
     max_len = max(len(p) + b for p, b in zip(prompts, budgets, strict=True))
     batch = ContinuousBatch(target, max_rows=len(prompts), max_len=max_len, stop_ids=stop_ids)
     rows: list[Row] = []
-    for prompt, budget, grammar in zip(prompts, budgets, grammars, strict=True):
-        constraint = None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward)
+    for prompt, budget, grammar, closing in zip(prompts, budgets, grammars, closings or [None] * len(prompts), strict=True):
+        constraint = None if grammar is None else ConstrainedDecoding(grammar.state(), jump_forward=jump_forward,
+                                                                      closing=closing)
         row = batch.add(prompt, max_new_tokens=budget, sampler=Sampler(config, device=device),
                         method=None if constraint is None else plain(), constraint=constraint)
         if row.finish is not None:

@@ -10,7 +10,9 @@ Per verify step, on the tree the drafter proposed:
 * `mask`: each verified logits row gets the mask of its own context, the grammar state after the
   node's root-to-node path (advance along the path, roll back after the subtree), so the verifier
   decides against the constrained distribution and stays exact.
-* `commit`: the state advances by the emitted tokens, cut after a stop token.
+* `commit`: the state advances by the emitted tokens, cut after a stop token. With `closing`
+  (`closing.py`), the output is closed instead once the budget left would no longer cover a
+  completion of the grammar (`closed`).
 
 Rows no accepted path can reach (under a forbidden stochastic node, or after a stop token) are left
 unmasked: the verifier never emits from them, and an all-`-inf` row would turn softmaxes into NaNs.
@@ -19,6 +21,7 @@ unmasked: the verifier never emits from them, and an all-`-inf` row would turn s
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,13 +30,17 @@ from warpdecode.decoding.constraints.protocol import Constraint, mask_words, unp
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 
+if TYPE_CHECKING:
+    from warpdecode.decoding.constraints.closing import BudgetClosing
+
 NEG_INF = float("-inf")
 
 
 class ConstrainedDecoding:
-    def __init__(self, state: Constraint, *, jump_forward: bool = True) -> None:
+    def __init__(self, state: Constraint, *, jump_forward: bool = True, closing: BudgetClosing | None = None) -> None:
         self.state = state
         self.jump_forward = jump_forward
+        self.closing = closing
         self.words = mask_words(state.vocab_size)
         self.rows: Tensor | None = None  # (N+1, W) int32 masks of the tree `shape` last returned
 
@@ -41,6 +48,11 @@ class ConstrainedDecoding:
     def done(self) -> bool:
         """The output is complete: a stop token was emitted."""
         return self.state.is_terminated()
+
+    @property
+    def closing_tokens(self) -> int:
+        """Tokens of the output written by budget-aware closing (0: the model's own output)."""
+        return 0 if self.closing is None else self.closing.closing_tokens
 
     def mask_next(self, logits: Tensor) -> Tensor:
         """(1, V) logits after the committed tokens → the same with forbidden tokens at `-inf`."""
@@ -60,13 +72,14 @@ class ConstrainedDecoding:
             raise ConfigError("the response format needs characters this model's vocabulary cannot write")
 
     def commit(self, tokens: list[int]) -> list[int]:
-        """Advance by emitted `tokens`; returns them up to the first stop token (inclusive).
+        """Advance by emitted `tokens`; returns them up to the first stop token (inclusive), or with
+        `closing`, up to the closing point and then the closing (ending with a stop token).
 
         They come from masked rows, so the grammar accepts each one (checked: a mismatch is a bug)."""
-        done = self.state.advance(tokens)
-        if done < len(tokens) and not self.state.is_terminated():
-            raise RuntimeError(f"emitted token {tokens[done]} is outside the grammar")
-        return tokens[:done]
+        out = tokens[: self.state.advance(tokens)] if self.closing is None else self.closing.take(self.state, tokens)
+        if len(out) < len(tokens) and not self.state.is_terminated():
+            raise RuntimeError(f"emitted token {tokens[len(out)]} is outside the grammar")
+        return out
 
     def shape(self, tree: DraftTree, budget: int) -> DraftTree:
         """The tree to verify instead of `tree` (proposed for the pending token), at most `budget` nodes;
