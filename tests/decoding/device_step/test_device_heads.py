@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_step_checks import assert_sampling_equals_plain
 from tiny_models import greedy_target, heads_package, oracle_heads_package
 
 from warpdecode.decoding.device_step.loop import device_form, run_device
-from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.engine import run
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
@@ -78,11 +78,7 @@ def test_heads_that_know_the_future_are_always_accepted(tmp_path, kind, options,
 @pytest.mark.parametrize("kind", KINDS)
 def test_sampling_draws_what_plain_sampling_draws(target, packages, kind) -> None:
     form = device_form(build_method(kind, options={"path": packages[kind]}).drafter)
-    for seed, ids in enumerate(PROMPTS):
-        sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=20, seed=seed)
-        plain = run_device(target, ids, DevicePromptLookup(num_tokens=0), max_new_tokens=24, stop_ids=set(),
-                           sampling=sampling)[0]
-        assert run_device(target, ids, form, max_new_tokens=24, stop_ids=set(), sampling=sampling)[0] == plain
+    assert_sampling_equals_plain(target, form, PROMPTS)
 
 
 def test_step_device_spec_and_refusals(target, package) -> None:

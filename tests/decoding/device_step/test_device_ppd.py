@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_step_checks import assert_sampling_equals_plain
 from tiny_models import greedy_target, ppd_package
 
 from warpdecode.decoding.device_step.loop import device_form, run_device
 from warpdecode.decoding.device_step.ppd import DevicePPD, group_hosts
-from warpdecode.decoding.device_step.prompt_lookup import DevicePromptLookup
 from warpdecode.decoding.device_step.tree import AuxiliaryRows, StaticTree
 from warpdecode.decoding.drafters.ppd import PPDDrafter
 from warpdecode.decoding.engine import run
@@ -135,11 +135,7 @@ def test_group_hosts() -> None:
 
 def test_sampling_draws_what_plain_sampling_draws(target, package) -> None:
     form = device_form(build_method("ppd", options={"path": package}).drafter)
-    for seed, ids in enumerate(PROMPTS):
-        sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=20, seed=seed)
-        plain = run_device(target, ids, DevicePromptLookup(num_tokens=0), max_new_tokens=24, stop_ids=set(),
-                           sampling=sampling)[0]
-        assert run_device(target, ids, form, max_new_tokens=24, stop_ids=set(), sampling=sampling)[0] == plain
+    assert_sampling_equals_plain(target, form, PROMPTS)
 
 
 def test_stop_tokens_end_the_output(target, package) -> None:
