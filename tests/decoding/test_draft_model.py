@@ -164,3 +164,20 @@ def test_prepare_loads_the_draft_once_before_decoding(tiny_model_dir):
     loaded = drafter.draft
     drafter.prepare(target)
     assert loaded is not None and drafter.draft is loaded
+
+
+def test_a_quantised_draft_model_stays_lossless(tiny_model_dir, single_thread):
+    """dtype= changes what the draft reads, never the output: an int8 draft of the target itself
+    proposes almost what the target picks, and the verified output is plain decoding's."""
+    target, tokenizer = load_pretrained(tiny_model_dir)
+    plain = generate(target, tokenizer, "for i in range", max_new_tokens=20, stop_at_eos=False, chat=False)
+    method = build_method("draft_model", options={"model": str(tiny_model_dir), "num_tokens": 4, "dtype": "q8"})
+    drafted = generate(target, tokenizer, "for i in range", max_new_tokens=20, stop_at_eos=False, chat=False,
+                       method=method)
+    assert drafted.token_ids == plain.token_ids
+    draft = method.drafter.draft
+    assert draft is not None and draft.weight_bits == 8
+    with pytest.raises(ConfigError, match="dtype"):
+        DraftModelDrafter(model="x", dtype="fp8")
+    with pytest.raises(ConfigError, match="layers= drafts with the target"):
+        DraftModelDrafter(layers=2, dtype="q4")

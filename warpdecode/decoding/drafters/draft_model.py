@@ -30,6 +30,7 @@ number of draft forwards as a chain of `num_tokens` and `top_k` candidates per e
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -42,8 +43,9 @@ from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
-from warpdecode.models.checkpoint import load_pretrained
+from warpdecode.models.device import torch_dtype
 from warpdecode.models.transformer import Transformer
+from warpdecode.runtime.load import load_backbones
 
 
 def layer_subset(target: Transformer, keep: list[int]) -> Transformer:
@@ -116,9 +118,12 @@ def propose_children(logits: Tensor, width: int, sampler: Sampler, replacement: 
 class DraftModelDrafter(Drafter):
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
-                 top_k: int = 1, replacement: bool = True, num_nodes: int | None = None) -> None:
+                 top_k: int = 1, replacement: bool = True, num_nodes: int | None = None, dtype: str = "fp32") -> None:
         """Args:
         model: a draft model directory or name sharing the target's tokenizer.
+        dtype: the precision `model` drafts in, as `--dtype` takes it: fp32, bf16, fp16, q8, q4 or
+            native (a GGUF's own quantised weights; the draft's bytes read per step, not the output,
+            depend on it: verification keeps the method lossless).
         layers: instead of `model`, draft with the target's first `layers` blocks (no training).
         num_tokens: draft depth per step (the chain length when `top_k=1`).
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
@@ -128,7 +133,10 @@ class DraftModelDrafter(Drafter):
         """
         if (model is None) == (layers is None):
             raise ConfigError("draft_model needs exactly one of model= (a draft model) or layers= (target layers)")
-        self.model_source, self.layers = model, layers
+        torch_dtype(dtype)  # a one-line ConfigError for an unknown precision
+        if layers is not None and dtype != "fp32":
+            raise ConfigError("draft_model dtype= is the precision of model=; layers= drafts with the target's own weights")
+        self.model_source, self.layers, self.dtype = model, layers, dtype
         self.init_drafting(num_tokens, top_k, replacement, num_nodes)
 
     def init_drafting(self, num_tokens: int, top_k: int, replacement: bool = True, num_nodes: int | None = None) -> None:
@@ -155,7 +163,9 @@ class DraftModelDrafter(Drafter):
                 self.draft, self.source = first_layers(target.torch_model(), self.layers), target
         elif self.draft is None:
             assert self.model_source is not None
-            self.draft, _ = load_pretrained(self.model_source, device=target.embed.weight.device)
+            device = str(target.embed.weight.device)
+            backbones, _ = load_backbones(self.model_source, None, ["torch"], device=device, dtype=self.dtype)
+            self.draft = cast(Transformer, backbones["torch"])
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "
                               f"{target.config.vocab_size}: draft and target must share a tokenizer")
