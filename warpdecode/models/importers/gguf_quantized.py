@@ -136,7 +136,7 @@ class _Reader:
         out = np.empty((rows, row_bytes), dtype=np.uint8)
         with self.path.open("rb") as f:
             f.seek(self.data_start + t.offset)
-            if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+            if f.readinto(out.reshape(-1).data) != out.nbytes:
                 raise CheckpointError(f"{self.path}: tensor {name} is cut short")
         return out
 
