@@ -75,13 +75,15 @@ def test_baseline_speedup_is_exactly_one(bench_out):
 def test_results_markdown_table(bench_out):
     text = (bench_out / "results.md").read_text()
     lines = text.splitlines()
-    header = ("| method | tok/s | speedup | median speedup | τ | τ w/o bonus | α | TTFT ms | peak MiB | identical "
-              "| agreement | vs transformers |")
+    header = ("| method | tok/s | decode tok/s | speedup | median speedup | τ | τ w/o bonus | α | TTFT ms | peak MiB "
+              "| identical | agreement | vs transformers |")
     assert lines.count(header) == 1
     rows = {line.split(" | ")[0]: line.split(" | ") for line in lines[lines.index(header) + 2:] if line.startswith("| `")}
     assert list(rows) == [f"| `{label}`" for label in METHODS + PEERS]
-    assert rows["| `none`"][2:5] == ["1.00x", "1.00x", "1.00"] and rows["| `none`"][6] == "–"
-    assert all(rows[f"| `{label}`"][9] == "yes" and rows[f"| `{label}`"][10] == "–" for label in METHODS)
+    assert rows["| `none`"][3:6] == ["1.00x", "1.00x", "1.00"] and rows["| `none`"][7] == "–"
+    assert all(rows[f"| `{label}`"][10] == "yes" and rows[f"| `{label}`"][11] == "–" for label in METHODS)
+    assert all(float(rows[f"| `{label}`"][2]) > 0 for label in METHODS)  # decode tok/s: ours know their first token
+    assert rows["| `transformers`"][2] == "–"
     assert rows["| `transformers`"][-1] == "1.00x |"
     assert "--methods none,prompt_lookup:num_tokens=4,draft_model:layers=1:num_tokens=3" in text
     assert "| **all** | 10 |" in text and "prompt(s) skipped" in text
@@ -258,7 +260,7 @@ def test_several_precisions_run_interleaved_against_their_own_plain_decoding(tin
     assert result.aggregate("prompt_lookup@q4").reference_identical == result.aggregate("none@q4").reference_identical
     assert result.aggregate("none").reference_identical == 1
     table = overall_table(result)
-    assert "vs ref" in table.splitlines()[0] and table.count("|") == 13 * (len(labels) + 2) + len(labels) + 2
+    assert "vs ref" in table.splitlines()[0] and table.count("|") == 14 * (len(labels) + 2) + len(labels) + 2
 
 
 def test_several_precisions_need_the_torch_backend(tmp_path):

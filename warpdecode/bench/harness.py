@@ -253,7 +253,7 @@ class _Runner:
                                              temperature=c.temperature if self.sampling else 1.0, top_k=c.top_k,
                                              top_p=c.top_p)
         return Measurement(row=row.label, prompt_tokens=len(ids), new_tokens=len(out.token_ids), seconds=out.seconds,
-                           time_to_first_token=None, target_forwards=None, accepted=None, proposed=None,
+                           time_to_first_token=out.time_to_first_token, target_forwards=None, accepted=None, proposed=None,
                            draft_seconds=None, peak_rss_mib=None, token_ids=out.token_ids)
 
 

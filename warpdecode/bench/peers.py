@@ -26,6 +26,8 @@ from warpdecode.models.device import synchronize
 class PeerResult:
     token_ids: list[int]
     seconds: float
+    time_to_first_token: float | None = None
+    """Seconds until the first new token, for peers that stream their tokens (llama.cpp)."""
 
 
 def load_transformers_model(model_dir: Path, *, num_hidden_layers: int | None = None, device: str = "cpu",
@@ -111,11 +113,14 @@ class LlamaCppGenerate:
         self.llm.reset()
         start = time.perf_counter()
         out: list[int] = []
+        first: float | None = None
         for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if first is None:
+                first = time.perf_counter() - start
             out.append(int(token))
             if len(out) == max_new_tokens or token in self.stop_ids:
                 break
-        return PeerResult(token_ids=out, seconds=time.perf_counter() - start)
+        return PeerResult(token_ids=out, seconds=time.perf_counter() - start, time_to_first_token=first)
 
 
 def _check_components(options: dict[str, Any], schedules: tuple[str, ...]) -> None:

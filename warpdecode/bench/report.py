@@ -9,7 +9,7 @@ from warpdecode.bench.results import ALL, Aggregate, BenchConfig, BenchResult, M
 from warpdecode.metrics.plots import pyplot
 
 NA = "–"
-COLUMNS = ("method", "tok/s", "speedup", "median speedup", "τ", "τ w/o bonus", "α", "TTFT ms", "peak MiB", "identical",
+COLUMNS = ("method", "tok/s", "decode tok/s", "speedup", "median speedup", "τ", "τ w/o bonus", "α", "TTFT ms", "peak MiB", "identical",
            "agreement", "vs transformers")
 
 
@@ -35,12 +35,16 @@ def overall_table(result: BenchResult, category: str = ALL) -> str:
     """One markdown row per method and peer over the prompts of `category` (default: all); with several
     precisions a `vs ref` column beside `identical`."""
     several = "," in result.config.dtype
-    columns = [*COLUMNS[:10], "vs ref", *COLUMNS[10:]] if several else list(COLUMNS)
-    lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * 8 + ":---:|" * (len(columns) - 11) + "---:|---:|"]
+    at = COLUMNS.index("identical") + 1
+    columns = [*COLUMNS[:at], "vs ref", *COLUMNS[at:]] if several else list(COLUMNS)
+    numeric = COLUMNS.index("identical") - 1
+    lines = ["| " + " | ".join(columns) + " |",
+             "|---|" + "---:|" * numeric + ":---:|" * (len(columns) - numeric - 3) + "---:|---:|"]
     for row in result.rows:
         a = result.aggregate(row.label, category)
         ttft = None if a.time_to_first_token is None else a.time_to_first_token * 1000
-        cells = [f"`{row.label}`", _num(a.tokens_per_second, ".1f"), _num(a.speedup, ".2f", "x"),
+        cells = [f"`{row.label}`", _num(a.tokens_per_second, ".1f"), _num(a.decode_tokens_per_second, ".1f"),
+                 _num(a.speedup, ".2f", "x"),
                  _num(a.median_speedup, ".2f", "x"), _num(a.tau, ".2f"),
                  _num(a.tau_without_bonus, ".2f"), _num(a.acceptance_rate, ".2f"), _num(ttft, ".0f"),
                  _num(a.peak_rss_mib, ".0f"), identical_cell(a), *([identical_cell(a, reference=True)] if several else []),

@@ -155,6 +155,9 @@ class Aggregate:
     agreement: float | None = None
     """Lossy verifiers at temperature 0: the share of new tokens that are the target's own greedy
     choice after the emitted prefix (1 − divergent / new tokens)."""
+    decode_tokens_per_second: float | None = None
+    """Σ (new tokens − 1) / Σ (seconds − time to first token) over the prompts: the rate after the
+    prefill and first token (None when a prompt's time to first token is unknown)."""
 
 
 @dataclass
@@ -215,7 +218,8 @@ def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categ
                 tau=compute_tau(accepted, steps) if ours and steps else None,
                 tau_without_bonus=compute_tau(accepted, steps, bonus=False) if ours and steps else None,
                 acceptance_rate=accepted / proposed if ours and proposed else None,
-                time_to_first_token=sum(m.time_to_first_token or 0.0 for m in ms) / len(ms) if ours and ms else None,
+                time_to_first_token=(sum(m.time_to_first_token for m in ms if m.time_to_first_token is not None) / len(ms)
+                                     if ms and all(m.time_to_first_token is not None for m in ms) else None),
                 peak_rss_mib=max(peaks) if peaks else None,
                 identical=None if sampling else sum(bool(m.identical) for m in ms),
                 first_difference=min((m.first_difference for m in ms if m.first_difference is not None), default=None),
@@ -225,8 +229,18 @@ def aggregate(result_rows: list[RowInfo], measurements: list[Measurement], categ
                                                default=None),
                 agreement=(agreement(ms) if ours and not row.lossless and row.backend not in LOSSY_BACKENDS and not sampling
                            else None),
+                decode_tokens_per_second=decode_rate(ms),
             ))
     return out
+
+
+def decode_rate(ms: list[Measurement]) -> float | None:
+    """`Aggregate.decode_tokens_per_second` of one row's measurements."""
+    if not ms or any(m.time_to_first_token is None for m in ms):
+        return None
+    seconds = sum(m.seconds - (m.time_to_first_token or 0.0) for m in ms if m.new_tokens > 1)
+    tokens = sum(m.new_tokens - 1 for m in ms if m.new_tokens > 1)
+    return tokens / seconds if seconds > 0 else None
 
 
 def first_difference(tokens: list[int], reference: list[int]) -> int | None:
