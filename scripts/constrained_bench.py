@@ -71,6 +71,8 @@ AWRS_CONFIGS = [  # --compare awrs: full mask vs adaptive rejection, plain decod
     ("constrained sampling", "none", True, False, "mask", True, False),
     ("constrained sampling, awrs", "none", True, False, "awrs", True, False),
 ]
+CLOSING_CONFIGS = [c for c in CONFIGS if c[1:] in {("none", True, False, "mask", False, False)} or c[6]]
+"""--compare closing: constrained greedy and the two closing configurations (a run over every schema)."""
 TASKS = {
     "person": "Invent a fictional person.",
     "order": "Invent an online shop order with two items.",
@@ -187,8 +189,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare", choices=["speculation", "awrs"], default="speculation",
-                        help="awrs: full masks vs adaptive rejection (constrained_sampling), greedy and sampled (T=1)")
+    parser.add_argument("--compare", choices=["speculation", "awrs", "closing"], default="speculation",
+                        help="awrs: full masks vs adaptive rejection (constrained_sampling), greedy and sampled (T=1); "
+                             "closing: constrained greedy and the two budget-aware closing rows only")
     parser.add_argument("--set", choices=["builtin", "schemas"], default="builtin")
     parser.add_argument("--limit", type=int, default=8, help="schemas of --set schemas (the smallest that compile)")
     parser.add_argument("--schema-chars", type=int, default=1500, help="characters of the schema in a --set schemas prompt")
@@ -203,7 +206,7 @@ def main() -> None:
     _timed_fill_mask()
     _counted_checks()
     _timed_rollouts()
-    configs = CONFIGS if args.compare == "speculation" else AWRS_CONFIGS
+    configs = {"speculation": CONFIGS, "awrs": AWRS_CONFIGS, "closing": CLOSING_CONFIGS}[args.compare]
     tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
                      "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0,
