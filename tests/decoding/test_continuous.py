@@ -8,6 +8,7 @@ from tiny_models import random_model
 
 from warpdecode.decoding.continuous import ContinuousBatch, Row
 from warpdecode.decoding.generate import generate
+from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.errors import ConfigError
 from warpdecode.models.config import ModelConfig
@@ -152,8 +153,9 @@ def test_quantized_targets_are_batch_invariant(bits, single_thread):
 
 def spec_serve(model, prompts, methods, *, new_tokens: int, max_rows: int = 8, max_nodes: int | None = None,
                config: SamplingConfig | None = None, ragged: bool = False,
-               batch_type: type[ContinuousBatch] = ContinuousBatch) -> list[Row]:
-    """Every prompt added at once with its own method (None: plain), stepped to the end."""
+               batch_type: type[ContinuousBatch] = ContinuousBatch, keep=None) -> list[Row]:
+    """Every prompt added at once with its own method (None: plain), stepped to the end (`keep`: the
+    step's tree cut)."""
     from warpdecode.decoding.generate import build_method
 
     batch = batch_type(model, max_rows=max_rows, max_len=model.config.max_seq_len, stop_ids=set(), ragged_verify=ragged)
@@ -162,7 +164,7 @@ def spec_serve(model, prompts, methods, *, new_tokens: int, max_rows: int = 8, m
                       method=None if m is None else build_method(m, do_sample=do_sample))
             for p, m in zip(prompts, methods, strict=True)]
     while batch.rows:
-        batch.step(max_nodes)
+        batch.step(max_nodes, keep)
         for row in [r for r in batch.rows if r.finish is not None]:
             batch.remove(row)
     return rows
@@ -183,6 +185,10 @@ def test_speculative_rows_equal_plain_decoding_alone(target, single_thread, ragg
     assert all(row.finish == "length" and len(row.new) == 16 for row in rows)
     plain = spec_serve(target, prompts, methods, new_tokens=16, max_nodes=0, ragged=ragged)  # drafting switched off
     assert [row.new for row in plain] == alone and all(row.stats.target_forwards == 15 for row in plain)
+    cut = spec_serve(target, prompts, methods, new_tokens=16, ragged=ragged,
+                     keep=lambda row, tree: len(row.new) % 3)  # trees cut to depth 0, 1 or 2 by turns
+    assert [row.new for row in cut] == alone
+    assert all(row.drafted[1] <= 2 for row in cut) and any(sum(row.stats.accepted_per_step) for row in cut)
 
 
 class KeptLogits(ContinuousBatch):
@@ -291,3 +297,62 @@ def test_a_full_row_limits_the_others_trees(target, single_thread, ragged):
         assert row.new == generate(target, None, prompt, max_new_tokens=n, stop_at_eos=False).token_ids
     proposed = rows[1].stats.proposed_per_step
     assert max(proposed) == 8 and min(proposed[:9]) < 8  # smaller trees while the full row was near its end
+
+
+def test_cut_keeps_the_levels_down_to_a_depth():
+    from warpdecode.decoding.continuous import cut
+    from warpdecode.decoding.tree import DraftTree
+
+    chain = DraftTree.chain([7, 8, 9])
+    assert cut(chain, 1).tokens.tolist() == [7] and cut(chain, 0).size == 0 and cut(chain, 5) is chain
+    tree = DraftTree(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([-1, 0, 0, -1, 3]), torch.rand(5, 8))  # 1 → (2, 3); 4 → 5
+    two = cut(tree, 1)
+    assert two.tokens.tolist() == [1, 4] and two.parents.tolist() == [-1, -1]
+    assert torch.equal(two.draft_probs, tree.draft_probs[[0, 3]])
+
+
+def test_draft_budget_verifies_the_levels_worth_their_cost():
+    """Steps of 20 ms plus 2 ms per verified position; trees of 4 nodes accepted to depth 1 a fifth of
+    the time, to depth 2 never; trees of 10 nodes always accepted to depth 6. The 4-node trees are
+    cut to depth 1 (0.2 token for 2 ms, 100 tok/s, beats the step's 50), the 10-node ones to depth 6."""
+    from warpdecode.decoding.continuous import DraftBudget
+    from warpdecode.decoding.generate import build_method
+    from warpdecode.decoding.tree import DraftTree
+
+    budget = DraftBudget()
+    row = Row([1, 2], 10, Sampler(SamplingConfig()), method=build_method("prompt_lookup"))
+    short, long = DraftTree.chain([5, 6, 7, 8]), DraftTree.chain(list(range(10)))
+    assert budget.keep(1, row, short) == 4  # no step measured: the whole tree
+    for width in (1, 5, 1, 11, 3):
+        budget.observe(1, True, tokens=1, seconds=0.020 + 0.002 * (width - 1), width=width)
+    first, per_level = budget.cost(1)
+    assert first == pytest.approx(0.020) and per_level == pytest.approx(0.002)
+    assert budget.keep(1, row, short) == 4  # levels not measured count as accepted half the time
+    for i in range(100):
+        row.drafted, row.stats.accepted_per_step = (4, 4), [int(i % 5 == 0)]
+        budget.learn(row)
+        row.drafted, row.stats.accepted_per_step = (10, 10), [6]
+        budget.learn(row)
+    assert budget.accepted("prompt_lookup", 4, 1) == pytest.approx(0.2, abs=0.02)
+    assert budget.keep(1, row, short) == 1
+    assert budget.keep(1, row, long) == 6
+    assert budget.keep(16, row, long) == 10  # nothing measured at 16 rows
+
+
+def test_draft_budget_drafts_at_every_step_of_one_row_when_trees_are_cut():
+    from warpdecode.decoding.continuous import DraftBudget
+    from warpdecode.decoding.generate import build_method
+    from warpdecode.decoding.tree import DraftTree
+
+    budget = DraftBudget(explore_every=4)
+    budget.observe(1, True, tokens=1, seconds=0.030)
+    budget.observe(1, False, tokens=1, seconds=0.020)  # plain measured faster: noise at one row, or a real loss
+    assert [budget.choose(1, can_draft=True) for _ in range(4)] == [False, False, False, True]
+    assert all(budget.choose(1, can_draft=True, cut=True) for _ in range(8))  # cut to what pays: a plain step at worst
+    assert budget.choose(2, can_draft=True, cut=True) is True  # one row, cut, counts as won: tried at two
+    row = Row([1, 2], 10, Sampler(SamplingConfig()), method=build_method("lookahead"))
+    row.drafted, row.stats.accepted_per_step = (6, 2), [1]
+    row.state = DecodeState(None, None, [1, 2], 2, row.sampler)
+    row.state.forward_tree = DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, -1]), auxiliary=1)
+    budget.learn(row)
+    assert budget.uncut == {"lookahead"}  # a window the cut cannot keep: the server compares modes for it

@@ -28,6 +28,7 @@ row's own positions), so `max_rows` rows of `max_len` positions cost what the re
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,9 @@ class Row:
     joined (a request that decoded alone first), and count as generated for the penalties."""
     method: Method | None = None
     """Its speculative method (None: plain decoding)."""
+    drafted: tuple[int, int] = (0, 0)
+    """Its last step's draft: nodes its drafter proposed, and the depth it was verified to (after `step`'s
+    `keep` cut it; 0: nothing verified)."""
     filled: int = 0
     """Prompt tokens prefilled so far, while the prompt is prefilled chunk by chunk."""
     constraint: ConstrainedDecoding | None = None
@@ -125,6 +129,8 @@ class ContinuousBatch:
         a whole block of slots past a row's keys, with zero weight (`kernels/ragged_attention.py`)."""
         self.prefill_chunk = prefill_chunk
         self.ragged_verify = ragged_verify
+        self.width = 1
+        """Positions per row of the last step's forward (1 + the largest tree verified)."""
         self.filling: list[Row] = []
         """Rows whose prompt is being prefilled chunk by chunk (the first one, in `_scratch`), in order."""
         self._scratch: KVCache | None = None
@@ -213,10 +219,11 @@ class ContinuousBatch:
         return row
 
     @torch.inference_mode()
-    def step(self, max_nodes: int | None = None) -> list[Row]:
+    def step(self, max_nodes: int | None = None, keep: Keep | None = None) -> list[Row]:
         """One forward for every row: its pending token and, for a speculative row, its draft tree of at
-        most `max_nodes` nodes (None: its controller's budget; 0: no drafts this step). Returns the
-        rows, each with this step's tokens in `last`."""
+        most `max_nodes` nodes (None: its controller's budget; 0: no drafts this step), cut to the depth
+        `keep(row, tree)` returns (None: verify the whole tree; `DraftBudget.keep`). Returns the rows,
+        each with this step's tokens in `last`."""
         for row in self.rows:
             row.last = []
         started = self._fill() if self.filling else None
@@ -231,8 +238,9 @@ class ContinuousBatch:
         # every row's forward is padded to the widest tree: it must fit the fullest row's room too
         slack = self.max_len - 1 - int(starts.max())
         max_nodes = slack if max_nodes is None else min(max_nodes, slack)
-        trees = [self._draft(row, int(start), max_nodes) for row, start in zip(decoding, starts.tolist(), strict=True)]
+        trees = [self._draft(row, int(start), max_nodes, keep) for row, start in zip(decoding, starts.tolist(), strict=True)]
         width = 1 + max(tree.size for tree in trees)
+        self.width = width
         device = self.target.embed.weight.device
         tokens = torch.zeros(n, width, dtype=torch.int64)  # (n, T) pending, tree, padding
         positions = starts[:, None].repeat(1, width)  # (n, T)
@@ -269,7 +277,8 @@ class ContinuousBatch:
                 self.cache.v[:, i, :, low:top] = 0
             self._finite[i] = max(self._finite[i], top)
 
-    def _draft(self, row: Row, start: int, max_nodes: int | None) -> DraftTree:
+    def _draft(self, row: Row, start: int, max_nodes: int | None, keep: Keep | None) -> DraftTree:
+        row.drafted = (0, 0)
         if row.method is None or row.state is None:
             return DraftTree.empty()
         room = min(row.budget - len(row.new) - 1, self.max_len - start - 1, row.method.max_tree_nodes)
@@ -277,7 +286,15 @@ class ContinuousBatch:
         tree = DraftTree.empty() if budget < 1 else row.method.drafter.propose(row.state, budget)
         if tree.size > budget:
             raise RuntimeError(f"drafter proposed {tree.size} nodes with a budget of {budget}")
-        return tree if row.constraint is None else row.constraint.shape(tree, budget)
+        if row.constraint is not None:
+            tree = row.constraint.shape(tree, budget)
+        elif keep is not None and tree.size and not tree.auxiliary:
+            proposed = tree.size
+            tree = cut(tree, keep(row, tree))
+            row.drafted = (proposed, tree.depth)
+            return tree
+        row.drafted = (tree.size, tree.depth)
+        return tree
 
     def _accept(self, row: Row, tree: DraftTree, logits: torch.Tensor, tokens: torch.Tensor) -> list[int]:
         """Accept `row`'s path from its (T, V) logits rows; returns the forward indices to keep."""
@@ -326,30 +343,67 @@ class ContinuousBatch:
         return int(row.sampler.select(logits)[0])
 
 
-class DraftBudget:
-    """Speculation under load: whether a batch's next step drafts, from the step times measured on it.
+Keep = Callable[[Row, DraftTree], int]
+"""How deep a row's proposed tree is verified this step (`ContinuousBatch.step`'s `keep`)."""
 
-    A speculative step of `B` rows verifies their draft trees too; it pays while the forward's cost
-    grows slower than the tokens it gives. Where that stops depends on the machine and the drafters'
-    acceptance, so this measures both as the batch runs: per batch-size bucket (1, 2, 3-4, 5-8, ...) and
-    mode (drafting or not), moving averages of the step's seconds and of the tokens it gave, and it
-    picks the mode with more tokens per second. A verify row costs more, relative to the tokens it
-    can add, the more rows a batch holds, so drafting is tried at one row, and at a larger bucket only
-    once it won at the bucket half that size (a drafting step of many rows is costly to try); every
-    `explore_every * bucket` steps in a bucket the losing (or untried) mode runs once, so a change in
-    the traffic (another request's acceptance) is noticed.
+
+def cut(tree: DraftTree, depth: int) -> DraftTree:
+    """`tree`'s nodes of depth <= `depth` (the whole tree when it is no deeper). Example: the chain
+    a → b → c cut to depth 1 is a; a tree a → (b, c), d cut to 1 is a, d."""
+    if depth >= tree.depth:
+        return tree
+    depths = tree.depths()
+    kept = (depths <= depth).nonzero().squeeze(1)  # (K,) node indices, in topological order
+    index = torch.full((tree.size + 1,), -1, dtype=torch.int64)  # old node + 1 -> new node (slot 0: the root, -1)
+    index[kept + 1] = torch.arange(kept.shape[0])
+    probs = None if tree.draft_probs is None else tree.draft_probs[kept]
+    return DraftTree(tree.tokens[kept], index[tree.parents[kept] + 1], probs)
+
+
+class DraftBudget:
+    """Speculation under load: whether a batch's next step drafts, and how deep each row's tree is
+    verified, from the step times and acceptance measured on it.
+
+    On or off: a speculative step of `B` rows verifies their draft trees too; it pays while the
+    forward's cost grows slower than the tokens it gives. Where that stops depends on the machine and
+    the drafters' acceptance, so this measures both as the batch runs: per batch-size bucket (1, 2, 3-4,
+    5-8, ...) and mode (drafting or not), moving averages of the step's seconds and of the tokens it
+    gave, and it picks the mode with more tokens per second. A verify row costs more, relative to the
+    tokens it can add, the more rows a batch holds, so drafting is tried at one row, and at a larger
+    bucket only once it won at the bucket half that size (a drafting step of many rows is costly to
+    try); every `explore_every * bucket` steps in a bucket the losing (or untried) mode runs once, so a
+    change in the traffic (another request's acceptance) is noticed.
+
+    How deep (`keep`): a drafting step verifies each row's tree down to the depth where one more level
+    would lower the step's tokens per second. Per bucket, a least-squares line of the step's seconds
+    against its positions per row (decayed, `memory` steps) gives the cost of a level; per drafter and
+    proposed tree size, the share of verified trees accepted to each depth gives what a level adds (a
+    level is worth its cost while that share exceeds the cost times the step's tokens per second). A
+    level never verified counts as accepted half the time, so it is tried until measured. Prompt
+    lookup's proposal size follows its match length (4, 7 or 10 tokens after 1, 2 or 3 matched), and
+    on Spec-Bench a 1-token match's first token is accepted 14 % of the time, its second 5 %: one level
+    is verified, against six of the ten after a 3-token match (91 %, 82 %, 82 %, 80 %, 50 %, 38 %, 12 %, 0 %;
+    at +7 % of a step per position).
 
     Example: at 1 row a drafting step takes 24 ms for 1.5 tokens (63 tok/s) against 20 ms for 1 token
     plain (50 tok/s): draft; at 16 rows 260 ms for 19 tokens (73 tok/s) against 48 ms for 16 (333
     tok/s): do not, and do not try at 32 rows.
     """
 
-    def __init__(self, explore_every: int = 16, smoothing: float = 0.2) -> None:
+    def __init__(self, explore_every: int = 16, smoothing: float = 0.2, memory: int = 200) -> None:
         self.explore_every = explore_every
         self.smoothing = smoothing
         self.seconds: dict[tuple[int, bool], float] = {}
         self.tokens: dict[tuple[int, bool], float] = {}
         self.steps: dict[int, int] = {}
+        self.decay = 1 - 1 / memory
+        self._fit: dict[int, list[float]] = {}
+        """Bucket → decayed sums of 1, width, seconds, width², width·seconds over its steps."""
+        self.uncut: set[str] = set()
+        """Drafters whose trees `keep` cannot cut (auxiliary nodes, e.g. lookahead's window)."""
+        self._depths: dict[tuple[str, int], list[list[float]]] = {}
+        """(drafter, proposed nodes) → per depth d (index d - 1): [trees verified to d or deeper, of them
+        accepted to d or deeper], decayed."""
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -366,23 +420,86 @@ class DraftBudget:
         on, off = self.rate(bucket, True), self.rate(bucket, False)
         return on is not None and off is not None and on >= off
 
-    def choose(self, rows: int, can_draft: bool) -> bool:
-        """Whether the next step of `rows` rows drafts (`can_draft`: some row has a drafter)."""
+    def choose(self, rows: int, can_draft: bool, cut: bool = False) -> bool:
+        """Whether the next step of `rows` rows drafts (`can_draft`: some row has a drafter). `cut`: the
+        step's trees are cut by `keep`, and none of their drafters' trees was found uncuttable: one row
+        then drafts at every step (its draft cut down to the levels that pay, to nothing if none does,
+        costs at most a plain step), without the comparison of modes, whose per-step noise on a loaded
+        machine exceeds the gain it would detect."""
         if not can_draft:
             return False
         bucket = self.bucket(rows)
+        if bucket == 1 and cut:
+            return True
         self.steps[bucket] = self.steps.get(bucket, 0) + 1
         explore = self.steps[bucket] % (self.explore_every * bucket) == 0  # a costlier try, made more rarely
         on, off = self.rate(rows, True), self.rate(rows, False)
-        if on is None:  # tried at one row, or where it won at half as many
-            return bucket == 1 or self._won(bucket // 2) or explore
+        if on is None:  # tried at one row, or where it won at half as many (one row, cut: taken as won)
+            return bucket == 1 or self._won(bucket // 2) or (bucket == 2 and cut) or explore
         if off is None:
             return False
         best = on >= off
         return (not best) if explore else best
 
-    def observe(self, rows: int, drafting: bool, tokens: int, seconds: float) -> None:
+    def observe(self, rows: int, drafting: bool, tokens: int, seconds: float, width: int | None = None) -> None:
+        """A step of `rows` rows (drafting or not) gave `tokens` in `seconds`; `width`: its positions per row."""
         key = (self.bucket(rows), drafting)
         a = self.smoothing
         self.seconds[key] = seconds if key not in self.seconds else (1 - a) * self.seconds[key] + a * seconds
         self.tokens[key] = tokens if key not in self.tokens else (1 - a) * self.tokens[key] + a * tokens
+        if width is not None:
+            sums = self._fit.setdefault(self.bucket(rows), [0.0] * 5)
+            for i, value in enumerate((1.0, width, seconds, width * width, width * seconds)):
+                sums[i] = self.decay * sums[i] + value
+
+    def cost(self, rows: int) -> tuple[float, float] | None:
+        """(seconds of a one-position step, seconds per further position per row) at `rows`' bucket, from
+        the measured steps (None: not measured at two widths yet)."""
+        sums = self._fit.get(self.bucket(rows))
+        if sums is None:
+            return None
+        n, x, y, xx, xy = sums
+        spread = n * xx - x * x
+        if spread <= 1e-6 * n * n:
+            return None
+        slope = (n * xy - x * y) / spread
+        return max(0.0, (y - slope * x) / n + slope), max(0.0, slope)
+
+    def accepted(self, drafter: str, proposed: int, depth: int) -> float:
+        """Measured share of `drafter`'s trees of `proposed` nodes, verified to `depth` or deeper, that
+        were accepted to `depth` (levels not measured: 1/2)."""
+        levels = self._depths.get((drafter, proposed), [])
+        verified, hits = levels[depth - 1] if depth <= len(levels) else (0.0, 0.0)
+        return (hits + 1) / (verified + 2)
+
+    def keep(self, rows: int, row: Row, tree: DraftTree) -> int:
+        """How deep to verify `row`'s proposed `tree` in a drafting step of `rows` rows."""
+        cost = self.cost(rows)
+        if cost is None or row.method is None:
+            return tree.depth
+        first, per_level = cost
+        name = row.method.drafter.name
+        widths = torch.bincount(tree.depths())[1:].tolist()  # nodes per level
+        tokens, seconds, share = float(rows), first, 1.0
+        for depth, nodes in enumerate(widths, start=1):
+            share = min(share, self.accepted(name, tree.size, depth))  # accepted to d needs d - 1 first
+            extra = per_level * nodes
+            if share * seconds <= extra * tokens:  # (tokens + share) / (seconds + extra) <= tokens / seconds
+                return depth - 1
+            tokens, seconds = tokens + share, seconds + extra
+        return len(widths)
+
+    def learn(self, row: Row) -> None:
+        """Count `row`'s last step: its tree verified to `row.drafted` depth, accepted to its path's length."""
+        proposed, depth = row.drafted
+        if row.method is None or not proposed or not depth or not row.stats.accepted_per_step:
+            return
+        if row.state is not None and row.state.forward_tree is not None and row.state.forward_tree.auxiliary:
+            self.uncut.add(row.method.drafter.name)
+            return
+        accepted = row.stats.accepted_per_step[-1]
+        levels = self._depths.setdefault((row.method.drafter.name, proposed), [])
+        levels.extend([0.0, 0.0] for _ in range(depth - len(levels)))
+        for d, level in enumerate(levels[:depth], start=1):
+            level[0] = self.decay * level[0] + 1
+            level[1] = self.decay * level[1] + (accepted >= d)

@@ -14,8 +14,9 @@ computes alone (batch invariance), so a request's answer does not depend on the 
 Speculation in the batch: a request whose method drafts (`speculation`, or the server's `--method`)
 with a drafter that `supports_batch` (prompt lookup, token recycling, ...) drafts in its batch row,
 with components of its own; each step's forward verifies every row's tree at once. Whether a step
-drafts at all is chosen from the step times measured at the current batch size (`DraftBudget`):
-speculation pays at a few rows and costs more than it gives at many (docs/serve.md).
+drafts at all is chosen from the step times measured at the current batch size, and each row's tree
+is cut to the levels whose measured acceptance pays for their measured cost (`DraftBudget`): at one
+row every step drafts; speculation pays at a few rows and costs more than it gives at many (docs/serve.md).
 
 A drafter that cannot draft in a batch (a draft model, EAGLE, ...) runs in the engine's one loop
 (`decoding/engine.run`) while its request is the only one. When another request arrives, it stops
@@ -345,11 +346,15 @@ class Scheduler:
             return
         rows = len(self._rows)
         self.metrics.step_rows.observe(rows)
-        drafting = self.budget.choose(rows, any(row.method is not None for row in self._rows))
+        drafters = {row.method.drafter.name for row in self._rows if row.method is not None}
+        drafting = self.budget.choose(rows, bool(drafters), cut=not drafters & self.budget.uncut)
         try:
             start = time.perf_counter()
-            batch.step(None if drafting else 0)
-            self.budget.observe(rows, drafting, sum(len(row.last) for row in self._rows), time.perf_counter() - start)
+            batch.step(None if drafting else 0, partial(self.budget.keep, rows) if drafting else None)
+            self.budget.observe(rows, drafting, sum(len(row.last) for row in self._rows), time.perf_counter() - start,
+                                width=batch.width)
+            for row in self._rows:
+                self.budget.learn(row)
         except Exception as error:  # noqa: BLE001 -- a failed step ends its rows' requests, not the server
             for row, (job, output) in list(self._rows.items()):
                 self._leave(row)
