@@ -14,7 +14,8 @@ concurrency 1 (the same request served alone). Writes JSON, a markdown table and
 A server is `NAME` or `NAME@DTYPE`: `none` / any warpdecode method spec (`prompt_lookup`,
 `int4_self:layers=20`; its `--method`), at `--dtype DTYPE` (default fp32); or `llama.cpp` (the
 default model's own Q4_1 GGUF; `--llama-python` names the environment that has llama-cpp-python
-with its server extras).
+with its server extras). A warpdecode server name may end with `~sdpa`: that server runs the exact
+attention's definition (one SDPA per query, `WARPDECODE_NATIVE=0`) instead of the native kernel.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ def default_gguf() -> Path:
 def start_server(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    name, _, variant = name.partition("~")
+    if variant == "sdpa":  # the exact attention's definition (one SDPA per query) instead of the native kernel
+        env["WARPDECODE_NATIVE"] = "0"
+    elif variant:
+        raise SystemExit(f"unknown server variant ~{variant} (known: ~sdpa)")
     if name == "llama.cpp":
         command = [args.llama_python, "-m", "llama_cpp.server", "--model", str(default_gguf()), "--port", str(port),
                    "--host", "127.0.0.1", "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
