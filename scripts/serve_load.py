@@ -81,6 +81,7 @@ def default_gguf() -> Path:
 def start_server(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = open(Path(args.out).with_suffix(f".{name.replace(':', '_')}.log"), "w")  # noqa: SIM115
     name, _, variant = name.partition("~")
     if variant == "sdpa":  # the exact attention's definition (one SDPA per query) instead of the native kernel
         env["WARPDECODE_NATIVE"] = "0"
@@ -96,7 +97,6 @@ def start_server(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen,
                    "--method", method, "--dtype", dtype or "fp32", "--max-num-seqs", str(args.max_num_seqs),
                    "--max-model-len", "2048", "--max-queue", str(max(args.concurrency) + 8),
                    "--served-model-name", "model"]
-    log = open(Path(args.out).with_suffix(f".{name.replace(':', '_')}.log"), "w")  # noqa: SIM115
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
