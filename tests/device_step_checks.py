@@ -18,3 +18,22 @@ def assert_sampling_equals_plain(target: Transformer, form: object, prompts: Seq
         plain = run_device(target, ids, DevicePromptLookup(num_tokens=0), max_new_tokens=24, stop_ids=set(),
                            sampling=sampling)[0]
         assert run_device(target, ids, form, max_new_tokens=24, stop_ids=set(), sampling=sampling)[0] == plain  # type: ignore[arg-type]
+
+
+def assert_step_device_spec_equals_engine(target: Transformer, name: str, package: str, prompt: list[int]) -> None:
+    """`NAME:path=P:step=device` decodes what `NAME:path=P` does (tokens and accepted lengths), and a
+    host-side `lookup=` is refused for the device form."""
+    import pytest
+
+    from warpdecode.decoding.device_step.loop import device_form
+    from warpdecode.decoding.generate import build_method, generate
+    from warpdecode.decoding.specs import parse_method
+    from warpdecode.errors import CapabilityError
+
+    out = generate(target, None, prompt, max_new_tokens=20, stop_at_eos=False,
+                   method=parse_method(f"{name}:path={package}:step=device").build(do_sample=False))
+    want = generate(target, None, prompt, max_new_tokens=20, stop_at_eos=False,
+                    method=parse_method(f"{name}:path={package}").build(do_sample=False))
+    assert out.token_ids == want.token_ids and out.stats.accepted_per_step == want.stats.accepted_per_step
+    with pytest.raises(CapabilityError, match="lookup"):
+        device_form(build_method(name, options={"path": package, "lookup": 4}).drafter)

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_step_checks import assert_sampling_equals_plain
+from device_step_checks import assert_sampling_equals_plain, assert_step_device_spec_equals_engine
 from tiny_models import greedy_target, heads_package, oracle_heads_package
 
 from warpdecode.decoding.device_step.loop import device_form, run_device
 from warpdecode.decoding.engine import run
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
-from warpdecode.decoding.specs import parse_method
-from warpdecode.errors import CapabilityError
 from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -82,12 +80,6 @@ def test_sampling_draws_what_plain_sampling_draws(target, packages, kind) -> Non
 
 
 def test_step_device_spec_and_refusals(target, package) -> None:
-    out = generate(target, None, PROMPTS[0], max_new_tokens=20, stop_at_eos=False,
-                   method=parse_method(f"medusa:path={package}:step=device").build(do_sample=False))
-    want = generate(target, None, PROMPTS[0], max_new_tokens=20, stop_at_eos=False,
-                    method=parse_method(f"medusa:path={package}").build(do_sample=False))
-    assert out.token_ids == want.token_ids and out.stats.accepted_per_step == want.stats.accepted_per_step
-    with pytest.raises(CapabilityError, match="lookup"):
-        device_form(build_method("medusa", options={"path": package, "lookup": 4}).drafter)
+    assert_step_device_spec_equals_engine(target, "medusa", package, PROMPTS[0])
     assert torch.equal(device_form(build_method("medusa", options={"path": package}).drafter).tree.tables.depths,
                        torch.zeros(0, dtype=torch.int64))  # unprepared: an empty tree until the target is known

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_step_checks import assert_sampling_equals_plain
+from device_step_checks import assert_sampling_equals_plain, assert_step_device_spec_equals_engine
 from tiny_models import greedy_target, ppd_package
 
 from warpdecode.decoding.device_step.loop import device_form, run_device
@@ -16,9 +16,7 @@ from warpdecode.decoding.drafters.ppd import PPDDrafter
 from warpdecode.decoding.engine import run
 from warpdecode.decoding.generate import build_method, generate
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
-from warpdecode.decoding.specs import parse_method
 from warpdecode.decoding.tree import DraftTree
-from warpdecode.errors import CapabilityError
 from warpdecode.runtime.cudagraphs import CudaGraphBackbone
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -148,10 +146,4 @@ def test_stop_tokens_end_the_output(target, package) -> None:
 
 
 def test_step_device_spec_and_refusals(target, package) -> None:
-    out = generate(target, None, PROMPTS[0], max_new_tokens=20, stop_at_eos=False,
-                   method=parse_method(f"ppd:path={package}:step=device").build(do_sample=False))
-    want = generate(target, None, PROMPTS[0], max_new_tokens=20, stop_at_eos=False,
-                    method=parse_method(f"ppd:path={package}").build(do_sample=False))
-    assert out.token_ids == want.token_ids and out.stats.accepted_per_step == want.stats.accepted_per_step
-    with pytest.raises(CapabilityError, match="lookup"):
-        device_form(build_method("ppd", options={"path": package, "lookup": 4}).drafter)
+    assert_step_device_spec_equals_engine(target, "ppd", package, PROMPTS[0])
