@@ -2,7 +2,8 @@
 
 `atomic_file` and `atomic_directory` fill a temporary sibling and rename it into place (a rename within one
 directory is atomic on POSIX file systems); an error removes the temporary sibling and leaves what was there.
-`sha256_file` hashes a file in chunks; `content_key` names a cache entry after the JSON value it depends on.
+`sha256_file` hashes a file in chunks; `content_key` names a cache entry after the JSON value it depends on;
+`cache_dir` is where every cache lives.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from pathlib import Path
 from typing import IO, Any
 
 HASH_CHUNK = 1 << 22
+
+
+def cache_dir() -> Path:
+    """Where converted and assembled models, compiled kernels and data caches are kept: `$WARPDECODE_CACHE`,
+    default `~/.cache/warpdecode`."""
+    return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode"))
 
 
 def atomic_file(path: Path, write: Callable[[IO[bytes]], object]) -> None:

@@ -27,6 +27,7 @@ step after it sees prefix 12: the same keys in the same order, the same bits.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -42,6 +43,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from warpdecode.io import cache_dir
 
 ExactImpl = Literal["auto", "torch", "native"]
 SOURCE = Path(__file__).with_name("csrc") / "exact_attention.c"
@@ -97,17 +100,11 @@ class Visibility:
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
+    """The CPU's feature flags (the compiled kernel is built for them, `-march=native`)."""
+    with contextlib.suppress(OSError):
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                    platform.processor())
     return platform.processor()
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode")) / "kernels"
 
 
 @functools.cache
@@ -122,7 +119,7 @@ def native_library() -> ctypes.CDLL | str:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
                                      _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
-    target = _cache_root() / f"exact_attention-{key}.so"
+    target = cache_dir() / "kernels" / f"exact_attention-{key}.so"
     with _build_lock:
         if not target.exists():
             try:

@@ -11,18 +11,12 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from warpdecode.errors import CheckpointError, ConfigError
-from warpdecode.io import HASH_CHUNK, atomic_file
-
-
-def cache_dir() -> Path:
-    """Where converted and assembled models are kept: `$WARPDECODE_CACHE`, default `~/.cache/warpdecode`."""
-    return Path(os.environ.get("WARPDECODE_CACHE", Path.home() / ".cache" / "warpdecode"))
+from warpdecode.io import HASH_CHUNK, atomic_file, cache_dir
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def q4_1_groups(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
     Args:
         raw: (out, in / 32 * 20) uint8, the tensor's bytes row by row.
     """
-    blocks = torch.from_numpy(np.array(raw, copy=True)).view(raw.shape[0], -1, Q4_1_BLOCK_BYTES)  # (out, G, 20)
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(raw.shape[0], -1, Q4_1_BLOCK_BYTES)  # (out, G, 20)
     d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()  # (out, G)
     m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()  # (out, G)
     packed = blocks[..., 4:].to(torch.int32)  # (out, G, 16)
