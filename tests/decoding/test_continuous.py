@@ -300,13 +300,12 @@ def test_a_full_row_limits_the_others_trees(target, single_thread, ragged):
 
 
 def test_cut_keeps_the_levels_down_to_a_depth():
-    from warpdecode.decoding.continuous import cut
     from warpdecode.decoding.tree import DraftTree
 
     chain = DraftTree.chain([7, 8, 9])
-    assert cut(chain, 1).tokens.tolist() == [7] and cut(chain, 0).size == 0 and cut(chain, 5) is chain
+    assert chain.cut(1).tokens.tolist() == [7] and chain.cut(0).size == 0 and chain.cut(5) is chain
     tree = DraftTree(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([-1, 0, 0, -1, 3]), torch.rand(5, 8))  # 1 → (2, 3); 4 → 5
-    two = cut(tree, 1)
+    two = tree.cut(1)
     assert two.tokens.tolist() == [1, 4] and two.parents.tolist() == [-1, -1]
     assert torch.equal(two.draft_probs, tree.draft_probs[[0, 3]])
 

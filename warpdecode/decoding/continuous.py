@@ -290,7 +290,7 @@ class ContinuousBatch:
             tree = row.constraint.shape(tree, budget)
         elif keep is not None and tree.size and not tree.auxiliary:
             proposed = tree.size
-            tree = cut(tree, keep(row, tree))
+            tree = tree.cut(keep(row, tree))
             row.drafted = (proposed, tree.depth)
             return tree
         row.drafted = (tree.size, tree.depth)
@@ -345,19 +345,6 @@ class ContinuousBatch:
 
 Keep = Callable[[Row, DraftTree], int]
 """How deep a row's proposed tree is verified this step (`ContinuousBatch.step`'s `keep`)."""
-
-
-def cut(tree: DraftTree, depth: int) -> DraftTree:
-    """`tree`'s nodes of depth <= `depth` (the whole tree when it is no deeper). Example: the chain
-    a → b → c cut to depth 1 is a; a tree a → (b, c), d cut to 1 is a, d."""
-    if depth >= tree.depth:
-        return tree
-    depths = tree.depths()
-    kept = (depths <= depth).nonzero().squeeze(1)  # (K,) node indices, in topological order
-    index = torch.full((tree.size + 1,), -1, dtype=torch.int64)  # old node + 1 -> new node (slot 0: the root, -1)
-    index[kept + 1] = torch.arange(kept.shape[0])
-    probs = None if tree.draft_probs is None else tree.draft_probs[kept]
-    return DraftTree(tree.tokens[kept], index[tree.parents[kept] + 1], probs)
 
 
 class DraftBudget:

@@ -77,6 +77,17 @@ class DraftTree:
         probs = None if self.draft_probs is None else self.draft_probs[:n]
         return DraftTree(self.tokens[:n], self.parents[:n], probs)
 
+    def cut(self, depth: int) -> DraftTree:
+        """The nodes of depth <= `depth` (the whole tree when it is no deeper). Example: the chain
+        a → b → c cut to depth 1 is a; a tree a → (b, c), d cut to 1 is a, d."""
+        if depth >= self.depth:
+            return self
+        kept = (self.depths() <= depth).nonzero().squeeze(1)  # (K,) node indices, in topological order
+        index = torch.full((self.size + 1,), -1, dtype=torch.int64)  # old node + 1 -> new node (slot 0: the root, -1)
+        index[kept + 1] = torch.arange(kept.shape[0])
+        probs = None if self.draft_probs is None else self.draft_probs[kept]
+        return DraftTree(self.tokens[kept], index[self.parents[kept] + 1], probs)
+
     @property
     def depth(self) -> int:
         """Longest root-to-leaf path: the most draft tokens one step can accept."""
