@@ -133,7 +133,10 @@ class DraftModelDrafter(Drafter):
         """
         if (model is None) == (layers is None):
             raise ConfigError("draft_model needs exactly one of model= (a draft model) or layers= (target layers)")
-        torch_dtype(dtype)  # a one-line ConfigError for an unknown precision
+        try:
+            torch_dtype(dtype)
+        except ConfigError as error:
+            raise ConfigError(f"draft_model dtype: {str(error).removeprefix('--dtype ')}") from None
         if layers is not None and dtype != "fp32":
             raise ConfigError("draft_model dtype= is the precision of model=; layers= drafts with the target's own weights")
         self.model_source, self.layers, self.dtype = model, layers, dtype
