@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from warpdecode.kernels import exact_attention as ea
+from warpdecode.kernels import native
 from warpdecode.kernels.exact_attention import Visibility, exact_attention, native_library, resolve_exact_impl
 
 NATIVE = not isinstance(native_library(), str)
@@ -101,10 +102,15 @@ def test_bad_calls_are_refused():
     assert resolve_exact_impl("auto", q.bfloat16()) == "torch"
 
 
+def _clear() -> None:
+    native.compiled.cache_clear()
+    ea.native_library.cache_clear()
+
+
 def test_without_a_compiler_auto_is_the_definition(monkeypatch, tmp_path):
     monkeypatch.setenv("WARPDECODE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")
-    ea.native_library.cache_clear()
+    _clear()
     try:
         reason = native_library()
         assert isinstance(reason, str) and "failed" in reason
@@ -113,9 +119,9 @@ def test_without_a_compiler_auto_is_the_definition(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match="unavailable"):
             resolve_exact_impl("native", q)
         monkeypatch.setenv("WARPDECODE_NATIVE", "0")
-        ea.native_library.cache_clear()
+        _clear()
         assert native_library() == "WARPDECODE_NATIVE=0"
     finally:
-        ea.native_library.cache_clear()
+        _clear()
         monkeypatch.undo()
     assert isinstance(native_library(), str) != NATIVE

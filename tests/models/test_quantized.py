@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from warpdecode.errors import CapabilityError
-from warpdecode.kernels.quantized import Int4Weight, Int8Weight, quantized_available
+from warpdecode.kernels.quantized import (
+    BlockInt4Weight,
+    BlockInt8Weight,
+    Int4Weight,
+    Int8Weight,
+    TorchInt8Weight,
+    quantized_available,
+    resolve_quant_impl,
+)
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.quantized import quantized_copy, quantized_target
@@ -14,16 +22,27 @@ needs_int8 = pytest.mark.skipif(not quantized_available(8), reason="no CPU int8 
 needs_int4 = pytest.mark.skipif(not quantized_available(4), reason="no CPU int4 weight-only matmul in this torch build")
 
 
+IMPLS = ["torch", pytest.param("native", marks=pytest.mark.skipif(
+    resolve_quant_impl("auto") != "native", reason="the native block matmul is unavailable here"))]
+TOLERANCE = {"torch": "bf16 activations, scales and zeros", "native": "activations rounded to 8 bits per block of 32"}
+
+
 @needs_int8
-@pytest.mark.parametrize("width", [32, 8, 40])  # the kernel itself needs multiples of 16
-def test_int8_matmul_matches_its_dequantised_weight(width):
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("width", [32, 8, 40])  # torch's kernel needs multiples of 16, the native one of 32
+def test_int8_matmul_matches_its_dequantised_weight(width, impl):
     weight = torch.randn(24, width)
-    q = Int8Weight.of(weight, torch.randn(24))
-    assert q.qweight.dtype == torch.int8 and q.scales.shape == (24,) and q.qweight.shape[1] % 16 == 0
-    assert (q.dequantized() - weight).abs().max() <= q.scales.float().max()  # a step at most (bf16 scales)
+    q = Int8Weight.of(weight, torch.randn(24), impl=impl)
+    assert isinstance(q, TorchInt8Weight if impl == "torch" else BlockInt8Weight)
+    step = q.dequantized().abs().amax(1) / 127
+    assert q.dequantized().shape == (24, width)
+    assert ((q.dequantized() - weight).abs().amax(1) <= step * 1.01 + 1e-6).all()  # a step at most
     x = torch.randn(2, 3, width)
-    reference = x @ q.dequantized().T + q.bias.float()
-    torch.testing.assert_close(q(x).float(), reference, atol=0.05, rtol=0.02)  # bf16 activations
+    reference = x @ q.dequantized().T + q.bias_float
+    # 8-bit activations: a step of max|x| / 127 per input, ~0.1 over 40 inputs of N(0, 1) (the exact
+    # arithmetic is tested against its reference in tests/kernels/test_block_matmul.py)
+    atol = 0.05 if impl == "torch" else 0.2
+    torch.testing.assert_close(q(x).float(), reference, atol=atol, rtol=0.02, msg=TOLERANCE[impl])
 
 
 def q4_1_weight(out_features: int, in_features: int) -> torch.Tensor:
@@ -37,23 +56,29 @@ def q4_1_weight(out_features: int, in_features: int) -> torch.Tensor:
 
 
 @needs_int4
-def test_int4_recovers_q4_1_weights():
-    """A Q4_1 checkpoint's weights come back up to the bf16 rounding of scale and zero."""
+@pytest.mark.parametrize("impl", IMPLS)
+def test_int4_recovers_q4_1_weights(impl):
+    """A Q4_1 checkpoint's weights come back up to the rounding of scale and zero (bf16 for torch's
+    kernel, fp16 for the native one: exact for a Q4_1 file's own fp16 values)."""
     weight = q4_1_weight(48, 64)
-    q = Int4Weight.of(weight)
+    q = Int4Weight.of(weight, impl=impl)
     x = torch.randn(5, 64)
     got = q(x)
-    # bf16 activations times the exact weight: the only error left is the bf16 scales/zeros.
-    reference = x.bfloat16().float() @ weight.T
+    reference = (x.bfloat16().float() if impl == "torch" else x) @ weight.T
     assert (got - reference).abs().max() < 0.02 * reference.abs().max()
+    if isinstance(q, BlockInt4Weight):
+        groups, d, m = q.groups()
+        dense = (groups.float().view(48, 2, 32) * d[..., None] + m[..., None]).view(48, 64)
+        torch.testing.assert_close(dense, weight, atol=1e-3, rtol=1e-3)  # fp16 scale and minimum
 
 
 @needs_int4
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("shape", [(24, 40), (16, 32), (7, 70)])  # padded in both dimensions where needed
-def test_int4_matmul_matches_groupwise_reference(shape):
+def test_int4_matmul_matches_groupwise_reference(shape, impl):
     out_features, in_features = shape
     weight = torch.randn(out_features, in_features)
-    q = Int4Weight.of(weight, torch.randn(out_features))
+    q = Int4Weight.of(weight, torch.randn(out_features), impl=impl)
     x = torch.randn(2, 3, in_features)
     got = q(x)
     assert got.shape == (2, 3, out_features) and got.dtype == torch.float32
@@ -63,7 +88,7 @@ def test_int4_matmul_matches_groupwise_reference(shape):
     dequantized = (((padded - low) / scale).round() * scale + low).view(out_features, -1)[:, :in_features]
     assert (dequantized - weight).abs().max() <= scale.max() / 2 + 1e-6
     reference = x @ dequantized.T + q.bias.float()
-    torch.testing.assert_close(got, reference, atol=0.1, rtol=0.03)  # bf16 activations, scales and zeros
+    torch.testing.assert_close(got, reference, atol=0.1, rtol=0.03, msg=TOLERANCE[impl])
 
 
 @pytest.mark.parametrize("bits", [8, pytest.param(4, marks=needs_int4)])
@@ -139,7 +164,8 @@ def test_copies_of_a_quantized_model():
     assert isinstance(q4.blocks[1].attn.qkv.quantized, Int4Weight)
     assert q4.lm_head.quantized is q8.lm_head.quantized  # the int8 head is shared
     direct = Int4Weight.of(q8.blocks[1].mlp.down_proj.quantized.dequantized())
-    assert torch.equal(q4.blocks[1].mlp.down_proj.quantized.packed, direct.packed)
+    x = torch.randn(3, direct.in_features)
+    assert torch.equal(q4.blocks[1].mlp.down_proj.quantized(x), direct(x))
     assert quantized_copy(q4, 4) is q4
     with pytest.raises(CapabilityError, match="more weight bytes"):
         quantized_copy(q4, 8)

@@ -12,7 +12,7 @@ visible slots of the cache in slot order: the first `prefix` slots, then its `ex
 ancestors beyond the prefix; `Visibility`).
 
 The fast path (`impl="native"`, chosen by `auto` on CPU in float32 when it compiled) is a small C
-kernel (`csrc/exact_attention.c`, OpenMP over the (row, query, key head) tasks), compiled on first use
+kernel (`csrc/exact_attention.c`, the (row, query, key head) tasks on the kernels' work pool), compiled on first use
 with the system C compiler into `$WARPDECODE_CACHE/kernels/` and called through ctypes. It computes the
 same mathematics in its own fixed order, so it is not bit-identical to SDPA (~1e-7 relative, tested)
 but it is bit-identical to itself for a query whatever else the call holds: one query or 128, one row
@@ -27,29 +27,18 @@ step after it sees prefix 12: the same keys in the same order, the same bits.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from warpdecode.io import cache_dir
+from warpdecode.kernels.native import compiled
 
 ExactImpl = Literal["auto", "torch", "native"]
-SOURCE = Path(__file__).with_name("csrc") / "exact_attention.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-_build_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -99,43 +88,12 @@ class Visibility:
         return torch.cat([torch.arange(n), self.extra[lo:hi].long()])
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (the compiled kernel is built for them, `-march=native`)."""
-    with contextlib.suppress(OSError):
-        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
-                    platform.processor())
-    return platform.processor()
-
-
 @functools.cache
 def native_library() -> ctypes.CDLL | str:
-    """The compiled kernel, or why there is none (a one-line reason). Compiled once per source,
-    compiler flags and CPU, into the cache; an atomic rename publishes it to concurrent processes."""
-    if os.environ.get("WARPDECODE_NATIVE", "1") == "0":
-        return "WARPDECODE_NATIVE=0"
-    if platform.system() != "Linux":
-        return f"the native kernels build on Linux only, not {platform.system()}"
-    compiler = os.environ.get("CC", "cc")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
-                                     _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"exact_attention-{key}.so"
-    with _build_lock:
-        if not target.exists():
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                    built = Path(tmp) / target.name
-                    subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
-                                   capture_output=True, timeout=120)
-                    os.replace(built, target)
-            except (OSError, subprocess.SubprocessError) as e:
-                detail = getattr(e, "stderr", b"") or b""
-                return f"compiling {SOURCE.name} with {compiler} failed: {e} {detail.decode(errors='replace')[:200]}".strip()
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as e:
-        return f"loading {target} failed: {e}"
+    """The compiled kernel, or why there is none (a one-line reason; `kernels.native`)."""
+    lib = compiled()
+    if isinstance(lib, str):
+        return lib
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.exact_attention_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64,
                                         ptr, ptr, ptr, ctypes.c_float, ctypes.c_int]

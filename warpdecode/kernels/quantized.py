@@ -1,27 +1,48 @@
 """Weight-only quantised weights and their CPU matmuls: the fast path of a quantised linear layer.
 
-Two formats, both multiplied with bf16 activations by torch's CPU weight-only kernels:
+Two formats:
 
-* `Int8Weight`: per-output-channel symmetric int8 (`w ≈ q * scale`), `_weight_int8pack_mm`; a
-  quarter of the fp32 bytes.
-* `Int4Weight`: group-wise asymmetric 4-bit (`w ≈ q * scale + min` per group of 32 inputs),
-  `_weight_int4pack_mm_for_cpu`; an eighth of the fp32 bytes. A checkpoint that was itself
-  distributed as Q4_1 (the default model) is represented exactly up to bf16 scales: Q4_1's blocks
-  of 32 attain 0 and 15, so min/max regrouping recovers them.
+* `Int8Weight`: per-output-channel symmetric int8 (`w ≈ q * scale`); a quarter of the fp32 bytes.
+* `Int4Weight`: group-wise asymmetric 4-bit (`w ≈ q * scale + min` per group of 32 inputs); an
+  eighth of the fp32 bytes. A checkpoint that was itself distributed as Q4_1 (the default model) is
+  represented exactly up to the scales' storage: Q4_1's blocks of 32 attain 0 and 15, so min/max
+  regrouping recovers them.
 
-The tests compare each kernel with an independent dequantised reference (int8: `dequantized()`;
-int4: the group-wise min/max rounding recomputed densely). `models/quantized.py` builds quantised
-copies of a model from these weights.
+Each has two kernels, chosen when the weight is made (`impl`, `auto` by default):
+
+* `native` (`Block*Weight`): the block matmul on 8-bit activations (`kernels/block_matmul.py`, the
+  scheme of llama.cpp's Q4_1 x Q8_1 dot products, AVX-512 VNNI); fp16 int4 scales (Q4_1 exactly),
+  float32 int8 scales. A row's outputs do not depend on the other rows of the call, and a verify of
+  8 rows costs a fraction of 8 one-row steps.
+* `torch` (`Torch*Weight`): torch's CPU weight-only kernels with bf16 activations
+  (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`), bf16 scales; the fallback where the
+  native kernel did not compile or the CPU lacks VNNI.
+
+The two kernels are different quantised models (activation rounding, scale storage): a model runs
+every step through the weights it was made with. The tests compare each kernel with an independent
+dequantised reference. `models/quantized.py` builds quantised copies of a model from these weights.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from warpdecode.kernels.block_matmul import (
+    BLOCK,
+    TILE,
+    block_matmul,
+    native_library,
+    pack_int4,
+    pack_int8,
+    unpack_int4,
+    unpack_int8,
+)
 
 ACTIVATION_DTYPE = torch.bfloat16
 """Activations enter the quantised products in bf16 (the kernels' fast path); results return in x's dtype."""
@@ -42,9 +63,81 @@ def _pad_input(x: Tensor, width: int) -> Tensor:
     return flat if flat.shape[1] == width else F.pad(flat, (0, width - flat.shape[1]))
 
 
+QuantImpl = Literal["auto", "torch", "native"]
+"""`torch`: torch's CPU weight-only kernels (bf16 activations); `native`: the block matmul on 8-bit
+activations (`kernels/block_matmul.py`); `auto`: native where it compiled with its fast path, else torch."""
+
+
+def resolve_quant_impl(impl: str) -> Literal["torch", "native"]:
+    """The kernel a weight made with `impl` runs (ValueError on a bad name, or `native` unavailable)."""
+    if impl not in ("auto", "torch", "native"):
+        raise ValueError(f"impl must be one of auto, torch, native, got {impl!r}")
+    if impl == "torch":
+        return "torch"
+    reason = native_library()
+    if impl == "native" and isinstance(reason, str):
+        raise ValueError(f"the native block matmul is unavailable: {reason}")
+    return "torch" if isinstance(reason, str) else "native"
+
+
+def _float_bias(bias: Tensor | None) -> Tensor | None:
+    return None if bias is None else bias.detach().float().contiguous()
+
+
+def _block_input(x: Tensor, width: int) -> Tensor:
+    """(..., in) → (rows, width) float32, zero-padded on the right."""
+    flat = x.reshape(-1, x.shape[-1]).float()
+    return flat if flat.shape[1] == width else F.pad(flat, (0, width - flat.shape[1]))
+
+
+def _finish(y: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
+    """(rows, out) product → (..., out) in x's dtype, bias added."""
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+
+
+class Int8Weight(ABC):
+    """Per-output-channel symmetric int8 weight `(out, in)`: `w ≈ q * scale`, q in [-127, 127]."""
+
+    in_features: int
+
+    @staticmethod
+    def of(weight: Tensor, bias: Tensor | None = None, *, impl: QuantImpl = "auto") -> Int8Weight:
+        """Quantise an `(out, in)` float weight for the kernel `impl` resolves to."""
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # (out,)
+        # in place: one float temporary of the weight's size (an LM head's is 113 MB in the default model)
+        q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        if resolve_quant_impl(impl) == "native":
+            return BlockInt8Weight.of_rows(q, scales, bias)
+        return TorchInt8Weight.of_rows(q, scales, bias)
+
+    @staticmethod
+    def stacked(parts: list[Int8Weight]) -> Int8Weight:
+        """The weight of `parts`' rows one after another (each part quantised alone, same kernel)."""
+        first = parts[0]
+        if not all(type(p) is type(first) and p.in_features == first.in_features for p in parts):
+            raise ValueError("stacked int8 weights need the same kernel and inputs")
+        return type(first).stack(parts)  # type: ignore[attr-defined]
+
+    @abstractmethod
+    def dequantized(self) -> Tensor:
+        """(out, in) float32: the weight as the kernel sees it (the reference the kernel is tested against)."""
+
+    @property
+    @abstractmethod
+    def bias_float(self) -> Tensor | None:
+        """(out,) float32 or None."""
+
+    @abstractmethod
+    def __call__(self, x: Tensor) -> Tensor:
+        """(..., in) → (..., out) in x's dtype."""
+
+
 @dataclass(frozen=True)
-class Int8Weight:
-    """Per-output-channel int8 weight `(out, in)` with its `(out,)` scales."""
+class TorchInt8Weight(Int8Weight):
+    """`_weight_int8pack_mm` with bf16 activations."""
 
     qweight: Tensor  # (out, in padded to a multiple of 16) int8
     scales: Tensor  # (out,) bf16
@@ -52,19 +145,24 @@ class Int8Weight:
     in_features: int
 
     @classmethod
-    def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Weight:
-        """Quantise an `(out, in)` float weight."""
-        w = weight.detach().float()
-        scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # (out,)
-        # in place: one float temporary of the weight's size (an LM head's is 113 MB in the default model)
-        q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-        q = F.pad(q, (0, -q.shape[1] % INT8_K_MULTIPLE))  # (out, in rounded up to a multiple of 16)
+    def of_rows(cls, q: Tensor, scales: Tensor, bias: Tensor | None) -> TorchInt8Weight:
+        """q: (out, in) int8; scales: (out,) float."""
+        padded = F.pad(q, (0, -q.shape[1] % INT8_K_MULTIPLE))  # (out, in rounded up to a multiple of 16)
         b = None if bias is None else bias.detach().to(ACTIVATION_DTYPE)
-        return cls(q.contiguous(), scales.to(ACTIVATION_DTYPE), b, weight.shape[1])
+        return cls(padded.contiguous(), scales.to(ACTIVATION_DTYPE), b, q.shape[1])
+
+    @classmethod
+    def stack(cls, parts: list[TorchInt8Weight]) -> TorchInt8Weight:
+        bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
+        return cls(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), bias,
+                   parts[0].in_features)
 
     def dequantized(self) -> Tensor:
-        """(out, in) float32, the reference the int8 kernel is tested against."""
         return self.qweight[:, : self.in_features].float() * self.scales.float()[:, None]
+
+    @property
+    def bias_float(self) -> Tensor | None:
+        return None if self.bias is None else self.bias.float()
 
     def __call__(self, x: Tensor) -> Tensor:
         """(..., in) → (..., out) in x's dtype (the product itself runs with bf16 activations)."""
@@ -75,8 +173,92 @@ class Int8Weight:
 
 
 @dataclass(frozen=True)
-class Int4Weight:
+class BlockInt8Weight(Int8Weight):
+    """The native block matmul (`kernels/block_matmul.py`) with 8-bit activations."""
+
+    blocks: Tensor  # pack_int8 of (out, in padded to a multiple of 32)
+    scales: Tensor  # (out padded to a multiple of 16,) float32
+    bias: Tensor | None  # (out,) float32 or None
+    in_features: int
+    out_features: int
+
+    @classmethod
+    def of_rows(cls, q: Tensor, scales: Tensor, bias: Tensor | None) -> BlockInt8Weight:
+        """q: (out, in) int8; scales: (out,) float."""
+        n = q.shape[0]
+        blocks = pack_int8(F.pad(q, (0, -q.shape[1] % BLOCK)))
+        return cls(blocks, F.pad(scales.float(), (0, -n % TILE)).contiguous(), _float_bias(bias), q.shape[1], n)
+
+    @classmethod
+    def stack(cls, parts: list[BlockInt8Weight]) -> BlockInt8Weight:
+        if any(p.out_features % TILE for p in parts[:-1]):  # tiles of 16 rows: only a last part may be ragged
+            q = torch.cat([unpack_int8(p.blocks, p.out_features, p.width) for p in parts])
+            scales = torch.cat([p.scales[: p.out_features] for p in parts])
+            bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
+            return cls.of_rows(q[:, : parts[0].in_features], scales, bias)
+        bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
+        return cls(torch.cat([p.blocks for p in parts]), torch.cat([p.scales for p in parts]), bias,
+                   parts[0].in_features, sum(p.out_features for p in parts))
+
+    @property
+    def width(self) -> int:
+        """The inputs padded to a multiple of 32."""
+        return self.in_features + -self.in_features % BLOCK
+
+    def dequantized(self) -> Tensor:
+        q = unpack_int8(self.blocks, self.out_features, self.width)[:, : self.in_features]
+        return q.float() * self.scales[: self.out_features, None]
+
+    @property
+    def bias_float(self) -> Tensor | None:
+        return self.bias
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = block_matmul(_block_input(x, self.width), self.blocks, 8, self.out_features, self.scales)
+        return _finish(y, self.bias, x)
+
+
+class Int4Weight(ABC):
     """Group-wise asymmetric 4-bit weight `(out, in)`: per group of 32 inputs, `w ≈ q * scale + min`."""
+
+    in_features: int
+    out_features: int
+
+    @staticmethod
+    def of(weight: Tensor, bias: Tensor | None = None, *, impl: QuantImpl = "auto") -> Int4Weight:
+        """Quantise an `(out, in)` float weight."""
+        w = weight.detach().float()
+        w = F.pad(w, (0, -w.shape[1] % INT4_GROUP))  # (out, K): K padded to a multiple of 32
+        groups = w.view(w.shape[0], -1, INT4_GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp_min(1e-12)
+        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+        return Int4Weight.of_groups(q.view(w.shape), scale, low, bias, weight.shape[1], impl=impl)
+
+    @staticmethod
+    def of_groups(q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None, in_features: int, *,
+                  impl: QuantImpl = "auto") -> Int4Weight:
+        """From quantised groups as Q4_1 stores them, `w = q * scale + low` per group of 32 inputs (no
+        float weight is made).
+
+        Args:
+            q: (out, K) integers in [0, 15], K a multiple of 32 (the inputs zero-padded to it).
+            scale, low: (out, K / 32) float (kept as bf16 by torch's kernel, fp16 by the native one).
+            bias: (out,) or None.
+            in_features: the inputs before padding.
+        """
+        if resolve_quant_impl(impl) == "native":
+            return BlockInt4Weight(pack_int4(q, scale, low), _float_bias(bias), in_features, q.shape[0], q.shape[1])
+        return TorchInt4Weight.of_groups(q, scale, low, bias, in_features)
+
+    @abstractmethod
+    def __call__(self, x: Tensor) -> Tensor:
+        """(..., in) → (..., out) in x's dtype."""
+
+
+@dataclass(frozen=True)
+class TorchInt4Weight(Int4Weight):
+    """`_weight_int4pack_mm_for_cpu` with bf16 activations."""
 
     packed: Tensor  # torch's CPU int4 layout of (out padded to 16, in padded to 32)
     scales_and_zeros: Tensor  # (in padded / 32, out padded, 2) bf16: scale and `min + 8 * scale`
@@ -85,27 +267,8 @@ class Int4Weight:
     out_features: int
 
     @classmethod
-    def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int4Weight:
-        """Quantise an `(out, in)` float weight."""
-        w = weight.detach().float()
-        w = F.pad(w, (0, -w.shape[1] % INT4_GROUP))  # (out, K): K padded to a multiple of 32
-        groups = w.view(w.shape[0], -1, INT4_GROUP)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-12)
-        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
-        return cls.of_groups(q.view(w.shape), scale, low, bias, weight.shape[1])
-
-    @classmethod
-    def of_groups(cls, q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None, in_features: int) -> Int4Weight:
-        """From quantised groups as Q4_1 stores them, `w = q * scale + low` per group of 32 inputs (no
-        float weight is made).
-
-        Args:
-            q: (out, K) integers in [0, 15], K a multiple of 32 (the inputs zero-padded to it).
-            scale, low: (out, K / 32) float.
-            bias: (out,) or None.
-            in_features: the inputs before padding.
-        """
+    def of_groups(cls, q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None,  # type: ignore[override]
+                  in_features: int) -> TorchInt4Weight:
         out = q.shape[0]
         pad = -out % INT4_N_MULTIPLE
         q, scale, low = (F.pad(t, (0, 0, 0, pad)) for t in (q.to(torch.int32), scale.float(), low.float()))
@@ -125,11 +288,31 @@ class Int4Weight:
         return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class BlockInt4Weight(Int4Weight):
+    """The native block matmul (`kernels/block_matmul.py`) with 8-bit activations."""
+
+    blocks: Tensor  # pack_int4 of (out, width)
+    bias: Tensor | None  # (out,) float32 or None
+    in_features: int
+    out_features: int
+    width: int
+    """The inputs padded to a multiple of 32."""
+
+    def groups(self) -> tuple[Tensor, Tensor, Tensor]:
+        """q (out, width) uint8, scale and min (out, width / 32) float32, as the kernel reads them."""
+        return unpack_int4(self.blocks, self.out_features, self.width)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = block_matmul(_block_input(x, self.width), self.blocks, 4, self.out_features)
+        return _finish(y, self.bias, x)
+
+
 QUANTIZERS: dict[int, type[Int8Weight | Int4Weight]] = {8: Int8Weight, 4: Int4Weight}
 
 
 def quantized_available(bits: int) -> bool:
-    """Whether this torch build runs the CPU weight-only kernel for `bits` (4 or 8)."""
+    """Whether a CPU weight-only kernel runs `bits`-bit weights (4 or 8): the native one, or torch's."""
     try:
         QUANTIZERS[bits].of(torch.ones(16, 32))(torch.ones(1, 32))
     except (RuntimeError, NotImplementedError, AttributeError):

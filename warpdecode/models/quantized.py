@@ -30,7 +30,7 @@ def _dense(held: QuantizedMatmul | None, weights: list[Tensor], biases: list[Ten
     if held is None:
         return torch.cat(weights), torch.cat(biases) if biases else None
     assert isinstance(held, Int8Weight), "only int8 weights are re-quantised"
-    return held.dequantized(), None if held.bias is None else held.bias.float()
+    return held.dequantized(), held.bias_float
 
 
 def quantized_copy(model: Transformer, bits: Bits = 8) -> Transformer:

@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdatomic.h>
+
+#include "pool.h"
+
 #define LANES 16
 typedef float v16 __attribute__((vector_size(LANES * sizeof(float))));
 
@@ -113,61 +117,81 @@ static void weighted_sum(const float *s, const float *vb, const int32_t *more, i
     }
 }
 
+typedef struct {
+    const float *q, *k, *v;
+    int64_t q_sb, q_sh, q_st, kv_sb, kv_sh, kv_ss;
+    float *out;
+    int64_t H, Hkv, T, D, G;
+    const int32_t *prefix, *extra_off, *extra;
+    float scale;
+    _Atomic int failed;
+} attention_job;
+
+/* One (row, query, key head) task. */
+static void attention_task(void *arg, int64_t task) {
+    attention_job *a = arg;
+    const float *q = a->q, *k = a->k, *v = a->v;
+    const int64_t q_sb = a->q_sb, q_sh = a->q_sh, q_st = a->q_st, kv_sb = a->kv_sb, kv_sh = a->kv_sh,
+                  kv_ss = a->kv_ss, H = a->H, Hkv = a->Hkv, T = a->T, D = a->D, G = a->G;
+    const int32_t *prefix = a->prefix, *extra_off = a->extra_off, *extra = a->extra;
+    const float scale = a->scale;
+    float *out = a->out;
+
+    const int64_t g = task % Hkv, bt = task / Hkv, b = bt / T, t = bt % T;
+    const int64_t n_prefix = prefix[bt], n = n_prefix + extra_off[bt + 1] - extra_off[bt];
+    const int32_t *more = extra + extra_off[bt];
+    float *s = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (s == NULL) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    const float *kb = k + b * kv_sb + g * kv_sh, *vb = v + b * kv_sb + g * kv_sh;
+    for (int64_t j = 0; j < G; ++j) {
+        const int64_t h = g * G + j;
+        const float *qh = q + b * q_sb + h * q_sh + t * q_st;
+        float *o = out + ((b * H + h) * T + t) * D;
+        if (n == 0) {
+            memset(o, 0, sizeof(float) * (size_t)D);
+            continue;
+        }
+        for (int64_t i = 0; i < n; i += 4) {
+            const float *rows[4];
+            for (int r = 0; r < 4; ++r) {
+                const int64_t at = i + r < n ? i + r : n - 1;
+                rows[r] = kb + (at < n_prefix ? at : more[at - n_prefix]) * kv_ss;
+            }
+            float four[4];
+            dot4(qh, rows, D, four);
+            for (int r = 0; r < 4 && i + r < n; ++r) s[i + r] = four[r] * scale;
+        }
+        float m = s[0];
+        for (int64_t i = 1; i < n; ++i) m = s[i] > m ? s[i] : m;
+        for (int64_t i = 0; i < n; ++i) s[i] = exp_nonpositive(s[i] - m);
+        v16 part = {0};
+        int64_t i = 0;
+        for (; i + LANES <= n; i += LANES) part += load16(s + i);
+        for (int l = 0; i < n; ++i, ++l) part[l] += s[i];
+        const float inv = 1.0f / reduce16(part);
+        weighted_sum(s, vb, more, n_prefix, n, kv_ss, D, o);
+        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+    free(s);
+}
+
 /* q: element (b, h, t, d) at q + b*q_sb + h*q_sh + t*q_st + d.
  * k, v: element (b, g, s, d) at k + b*kv_sb + g*kv_sh + s*kv_ss + d (the same strides for v).
  * out: (B, H, T, D) contiguous.
  * prefix: (B*T,) leading slots each query sees; extra_off: (B*T + 1,) offsets into extra, the
  * further slots each query sees, ascending.
+ * Tasks run on `pool.h` (up to `threads` threads).
  * Returns 0, or 1 when scratch memory could not be allocated. */
 int exact_attention_f32(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_st,
                         const float *k, const float *v, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
                         float *out, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
                         const int32_t *prefix, const int32_t *extra_off, const int32_t *extra,
                         float scale, int threads) {
-    const int64_t G = H / Hkv;
-    const int64_t tasks = B * T * Hkv;
-    int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : failed)
-    for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t g = task % Hkv, bt = task / Hkv, b = bt / T, t = bt % T;
-        const int64_t n_prefix = prefix[bt], n = n_prefix + extra_off[bt + 1] - extra_off[bt];
-        const int32_t *more = extra + extra_off[bt];
-        float *s = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-        if (s == NULL) {
-            failed |= 1;
-            continue;
-        }
-        const float *kb = k + b * kv_sb + g * kv_sh, *vb = v + b * kv_sb + g * kv_sh;
-        for (int64_t j = 0; j < G; ++j) {
-            const int64_t h = g * G + j;
-            const float *qh = q + b * q_sb + h * q_sh + t * q_st;
-            float *o = out + ((b * H + h) * T + t) * D;
-            if (n == 0) {
-                memset(o, 0, sizeof(float) * (size_t)D);
-                continue;
-            }
-            for (int64_t i = 0; i < n; i += 4) {
-                const float *rows[4];
-                for (int r = 0; r < 4; ++r) {
-                    const int64_t at = i + r < n ? i + r : n - 1;
-                    rows[r] = kb + (at < n_prefix ? at : more[at - n_prefix]) * kv_ss;
-                }
-                float four[4];
-                dot4(qh, rows, D, four);
-                for (int r = 0; r < 4 && i + r < n; ++r) s[i + r] = four[r] * scale;
-            }
-            float m = s[0];
-            for (int64_t i = 1; i < n; ++i) m = s[i] > m ? s[i] : m;
-            for (int64_t i = 0; i < n; ++i) s[i] = exp_nonpositive(s[i] - m);
-            v16 part = {0};
-            int64_t i = 0;
-            for (; i + LANES <= n; i += LANES) part += load16(s + i);
-            for (int l = 0; i < n; ++i, ++l) part[l] += s[i];
-            const float inv = 1.0f / reduce16(part);
-            weighted_sum(s, vb, more, n_prefix, n, kv_ss, D, o);
-            for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-        }
-        free(s);
-    }
-    return failed;
+    attention_job a = {q, k, v, q_sb, q_sh, q_st, kv_sb, kv_sh, kv_ss, out, H, Hkv, T, D, H / Hkv,
+                       prefix, extra_off, extra, scale, 0};
+    pool_run(attention_task, &a, B * T * Hkv, threads);
+    return atomic_load(&a.failed);
 }

@@ -182,8 +182,7 @@ def _int8_in_slices(table: GgufEmbedding) -> Int8Weight:
     time (per-channel quantisation treats every row alone, so the slices give the whole's result)."""
     parts = [Int8Weight.of(table.dense_rows(torch.arange(lo, min(lo + HEAD_ROWS_PER_SLICE, table.num_embeddings))))
              for lo in range(0, table.num_embeddings, HEAD_ROWS_PER_SLICE)]
-    return Int8Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), None,
-                      parts[0].in_features)
+    return Int8Weight.stacked(parts)
 
 
 def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:

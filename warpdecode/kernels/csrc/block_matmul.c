@@ -1,0 +1,255 @@
+/* Weight-only block-quantised matmuls on 8-bit activations: y = x W^T for a few rows of x.
+ *
+ * Weights are tiles of 16 output channels by blocks of 32 inputs (see block_matmul.py for the
+ * layout). Each activation row is quantised per block of 32 to int8 (`xq = round(x / dx)`, dx =
+ * max |x| / 127), the block's integer dot product with the weight's integers is exact (int32), and
+ * the float result accumulates block by block in a fixed order:
+ *
+ *   int4 (w = q * d + m, q in [0, 15]):  acc = fma(isum, d * dx, acc); acc = fma(m, dx * sum(xq), acc)
+ *   int8 (w = s * (u - 128), u in [1, 255]):  acc = fma(isum - 128 * sum(xq), dx, acc); y = acc * s
+ *
+ * An output's arithmetic depends only on its own activation row and weight channel (the row's blocks
+ * in order, integer sums that are exact whatever their order), never on the other rows of the call or
+ * on the thread that runs it: a row computes the same bits alone, in a verify of 8 rows, or in a
+ * prefill. The AVX-512 VNNI path and the portable path compute the same bits (explicit fmaf).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define BLOCK_SIMD 1
+#else
+#define BLOCK_SIMD 0
+#endif
+
+#define TILE 16  /* output channels per tile */
+#define BLOCK 32 /* inputs per block */
+#define ROWS 4   /* activation rows per pass over a tile */
+#define INT4_BLOCK_BYTES (TILE * BLOCK / 2 + 2 * TILE * 2) /* nibbles, fp16 d[16], fp16 m[16] */
+#define INT8_BLOCK_BYTES (TILE * BLOCK)                   /* u8 */
+
+int block_matmul_simd(void) { return BLOCK_SIMD; }
+
+static inline int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) {
+                mant <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Row r's activations, quantised per block: xq (K bytes), dx and dx * sum(xq) per block, sum(xq). */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t x_stride, int8_t *xq, float *dx,
+                          float *sx, int32_t *sq) {
+    int64_t nb = K / BLOCK;
+    for (int64_t r = 0; r < M; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *v = x + r * x_stride + b * BLOCK;
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(v[i]));
+            float d = amax / 127.0f, inv = d > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t s = 0;
+            int8_t *q = xq + r * K + b * BLOCK;
+            for (int i = 0; i < BLOCK; i++) {
+                int32_t qi = (int32_t)nearbyintf(v[i] * inv);
+                qi = qi > 127 ? 127 : (qi < -127 ? -127 : qi);
+                q[i] = (int8_t)qi;
+                s += qi;
+            }
+            dx[r * nb + b] = d;
+            sx[r * nb + b] = d * (float)s;
+            sq[r * nb + b] = s;
+        }
+    }
+}
+
+/* Integer dot products of one block for one activation row: isum[j] = sum_i w[j][i] * xq[i].
+ * `w(j, i)` reads the weight integer of channel j, input i of the block. */
+#define PORTABLE_ISUM(isum, xqb, WEXPR)                          \
+    for (int j = 0; j < TILE; j++) {                             \
+        int32_t s = 0;                                           \
+        for (int i = 0; i < BLOCK; i++) s += (WEXPR) * (xqb)[i]; \
+        (isum)[j] = s;                                           \
+    }
+
+static void int4_tile(const uint8_t *tile, int64_t nb, const int8_t *xq, const float *dx, const float *sx,
+                      int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
+#if BLOCK_SIMD
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        int64_t nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        __m512 acc[ROWS];
+        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * INT4_BLOCK_BYTES;
+            __m512i w[8];
+            for (int t = 0; t < 4; t++) {
+                __m512i p = _mm512_loadu_si512((const void *)(blk + 64 * t));
+                w[t] = _mm512_and_si512(p, low);
+                w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+            }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 256)));
+            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 288)));
+            for (int64_t r = 0; r < nr; r++) {
+                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int g = 0; g < 8; g += 2) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
+                    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
+                }
+                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                float dxr = dx[(r0 + r) * nb + b], sxr = sx[(r0 + r) * nb + b];
+                __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dxr));
+                acc[r] = _mm512_fmadd_ps(isum, dd, acc[r]);
+                acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sxr), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            float out[TILE];
+            _mm512_storeu_ps(out, acc[r]);
+            memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+        }
+    }
+#else
+    for (int64_t r = 0; r < rows; r++) {
+        float acc[TILE] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * INT4_BLOCK_BYTES;
+            const int8_t *xqb = xq + r * K + b * BLOCK;
+            int32_t isum[TILE];
+            /* channel j, input i: group g = i / 4 (low nibbles for g < 4), byte 4j + i % 4 */
+            PORTABLE_ISUM(isum, xqb,
+                          (int32_t)((blk[64 * ((i / 4) & 3) + 4 * j + (i & 3)] >> (i / 16 * 4)) & 0x0f))
+            float dxr = dx[r * nb + b], sxr = sx[r * nb + b];
+            for (int j = 0; j < TILE; j++) {
+                uint16_t dh, mh;
+                memcpy(&dh, blk + 256 + 2 * j, 2);
+                memcpy(&mh, blk + 288 + 2 * j, 2);
+                float dd = half_to_float(dh) * dxr;
+                acc[j] = fmaf((float)isum[j], dd, acc[j]);
+                acc[j] = fmaf(half_to_float(mh), sxr, acc[j]);
+            }
+        }
+        memcpy(y + r * y_stride, acc, (size_t)valid * sizeof(float));
+    }
+#endif
+}
+
+static void int8_tile(const uint8_t *tile, const float *scale, int64_t nb, const int8_t *xq, const float *dx,
+                      const int32_t *sq, int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
+#if BLOCK_SIMD
+    __m512 s = _mm512_loadu_ps(scale);
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        int64_t nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        __m512 acc[ROWS];
+        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * INT8_BLOCK_BYTES;
+            __m512i w[8];
+            for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 64 * g));
+            for (int64_t r = 0; r < nr; r++) {
+                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
+                __m512i s0 = _mm512_set1_epi32(-128 * sq[(r0 + r) * nb + b]), s1 = _mm512_setzero_si512();
+                for (int g = 0; g < 8; g += 2) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
+                    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
+                }
+                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                acc[r] = _mm512_fmadd_ps(isum, _mm512_set1_ps(dx[(r0 + r) * nb + b]), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            float out[TILE];
+            _mm512_storeu_ps(out, _mm512_mul_ps(acc[r], s));
+            memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+        }
+    }
+#else
+    for (int64_t r = 0; r < rows; r++) {
+        float acc[TILE] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * INT8_BLOCK_BYTES;
+            const int8_t *xqb = xq + r * K + b * BLOCK;
+            int32_t isum[TILE];
+            PORTABLE_ISUM(isum, xqb, (int32_t)blk[64 * (i / 4) + 4 * j + (i & 3)])
+            float dxr = dx[r * nb + b];
+            int32_t corr = -128 * sq[r * nb + b];
+            for (int j = 0; j < TILE; j++) acc[j] = fmaf((float)(isum[j] + corr), dxr, acc[j]);
+        }
+        for (int j = 0; j < valid; j++) y[r * y_stride + j] = acc[j] * scale[j];
+    }
+#endif
+}
+
+typedef struct {
+    const uint8_t *packed;
+    const float *scale, *dx, *sx;
+    const int8_t *xq;
+    const int32_t *sq;
+    float *y;
+    int64_t M, K, N, nb, tiles, per_task, block_bytes;
+    int bits;
+} job_t;
+
+static void run_tiles(void *arg, int64_t task) {
+    const job_t *j = arg;
+    int64_t end = (task + 1) * j->per_task < j->tiles ? (task + 1) * j->per_task : j->tiles;
+    for (int64_t t = task * j->per_task; t < end; t++) {
+        const uint8_t *tile = j->packed + t * j->nb * j->block_bytes;
+        int64_t valid = j->N - t * TILE < TILE ? j->N - t * TILE : TILE;
+        if (j->bits == 4)
+            int4_tile(tile, j->nb, j->xq, j->dx, j->sx, j->K, j->M, j->y + t * TILE, j->N, valid);
+        else
+            int8_tile(tile, j->scale + t * TILE, j->nb, j->xq, j->dx, j->sq, j->K, j->M, j->y + t * TILE, j->N, valid);
+    }
+}
+
+/* y (M, N) float32 = x (M, K) float32 times the packed weight; K a multiple of 32, x rows `x_stride`
+ * floats apart. bits: 4 (`packed` holds N/16 tiles of K/32 int4 blocks) or 8 (int8 blocks, `scale`
+ * the (N padded to 16,) float32 channel scales). Tiles run as tasks of `pool.h` on up to `nthreads`
+ * threads. Returns nonzero when scratch memory ran out. */
+int block_matmul_f32(const float *x, int64_t M, int64_t K, int64_t x_stride, const uint8_t *packed,
+                     const float *scale, int bits, int64_t N, float *y, int nthreads) {
+    int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
+    int8_t *xq = malloc((size_t)(M * K) + 64);
+    float *dx = malloc((size_t)(M * nb) * sizeof(float) + 64), *sx = malloc((size_t)(M * nb) * sizeof(float) + 64);
+    int32_t *sq = malloc((size_t)(M * nb) * sizeof(int32_t) + 64);
+    if (!xq || !dx || !sx || !sq) {
+        free(xq), free(dx), free(sx), free(sq);
+        return 1;
+    }
+    quantize_rows(x, M, K, x_stride, xq, dx, sx, sq);
+    job_t job = {packed, scale, dx, sx, xq, sq, y, M, K, N, nb, tiles, 1,
+                 bits == 4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES, bits};
+    int64_t chunks = nthreads > 1 ? 8 * (int64_t)nthreads : 1; /* a few tasks per thread: late helpers matter less */
+    job.per_task = (tiles + chunks - 1) / chunks;
+    pool_run(run_tiles, &job, (tiles + job.per_task - 1) / job.per_task, nthreads);
+    free(xq), free(dx), free(sx), free(sq);
+    return 0;
+}
