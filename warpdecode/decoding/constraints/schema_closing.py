@@ -191,7 +191,7 @@ class SchemaCheck:
                 return
             plan.touched.clear()
             errors.sort(key=lambda e: e.validator in ("anyOf", "oneOf"))  # branches after what they may share
-            if not all([plan.repair(error) for error in errors]):
+            if not plan.repair_all(errors):
                 return
 
     # -- the schema, read structurally --------------------------------------------------------------
@@ -294,6 +294,13 @@ def _guess(item: dict[str, Any]) -> str:
     return "string" if "pattern" in item or "minLength" in item else "null"
 
 
+def _listed(item: dict[str, Any]) -> list[Any]:
+    """The values `item` lists (its `enum`, or its `const`)."""
+    if "const" in item:
+        return [item["const"]]
+    return list(item["enum"]) if isinstance(item.get("enum"), list) else []
+
+
 def _another_key(item: dict[str, Any], taken: Any) -> tuple[str, Any] | None:
     """A key an object of `item` may have beside `taken` (a property, else a short name one of its
     `patternProperties` matches), with its schema."""
@@ -357,9 +364,9 @@ class _Plan:
         elif mode == "colon":
             self.lead, self.due = ":", cursor.value_path()
         elif mode == "value" and (top is None or top.kind == "{" or cursor.after_comma):
+            self.due = cursor.value_path()
             if top is not None and top.kind == "[":
                 top.count += 1
-            self.due = cursor.value_path()
         elif mode in ("key string", "key") and top is not None and (mode == "key string" or cursor.after_comma):
             key = self._key(top, cursor.text if mode == "key string" else "")
             self.lead = (key[len(cursor.text):] if mode == "key string" else '"' + key) + '":'
@@ -402,6 +409,11 @@ class _Plan:
             out.append("}" if top.kind == "{" else "]")
         return "".join(out)
 
+    def repair_all(self, errors: list[Any]) -> bool:
+        """Repair each of `errors` (every one, not stopping at the first that fails); whether all went."""
+        done = [self.repair(error) for error in errors]
+        return all(done)
+
     def repair(self, error: Any) -> bool:
         """Edit the plan so that `error` (a jsonschema ValidationError) goes; False where it cannot."""
         path: Path = tuple(error.absolute_path)
@@ -412,7 +424,9 @@ class _Plan:
             groups: dict[Any, list[Any]] = {}
             for sub in error.context:
                 groups.setdefault(sub.relative_schema_path[0], []).append(sub)
-            return any(all([self.repair(sub) for sub in group]) for group in sorted(groups.values(), key=self._left))
+            return any(self.repair_all(group) for group in sorted(groups.values(), key=self._left))
+        if kind == "uniqueItems" and isinstance(error.instance, list):
+            return self._unique(path, error.instance)
         root = self._mine(path)
         if root is not None:
             replacement = self.check.minimal(error.schema)
@@ -460,6 +474,28 @@ class _Plan:
             return True
         if self.cursor.mode == "string" and path == self.cursor.value_path():
             return self._finish_string(error)
+        return False
+
+    def _unique(self, path: Path, items: list[Any]) -> bool:
+        """Make the closing's item of the array at `path` (a value it writes, or the string in progress)
+        differ from the others: another of the values its schema lists."""
+        seen = [_dump(v) for v in items]
+        for index, item in enumerate(items):
+            if seen.count(_dump(item)) < 2:
+                continue
+            where, taken = (*path, index), seen[:index] + seen[index + 1:]
+            choices = [v for s in self.check.at(where) for v in _listed(s) if _dump(v) not in taken]
+            if where in self.values and choices:
+                self.values[where] = choices[0]
+                self.touched.add(where)
+                return True
+            if self.cursor.mode == "string" and where == self.cursor.value_path():
+                start = json.loads(f'"{self.cursor.text}"')
+                tails = [v[len(start):] for v in choices if isinstance(v, str) and v.startswith(start)]
+                if tails:
+                    self.lead = _dump(tails[0])[1:]
+                    self.touched.add(where)
+                    return True
         return False
 
     def _finish_string(self, error: Any) -> bool:
