@@ -11,7 +11,8 @@ from tiny_models import json_char_pair
 
 from warpdecode.decoding.constraints.closing import OUTSIDE, BudgetClosing, ClosingTables, closing
 from warpdecode.decoding.constraints.formats import compile_response_format, lenient_schema
-from warpdecode.decoding.constraints.schema_closing import Cursor, SchemaCheck
+from warpdecode.decoding.constraints.json_prefix import Cursor
+from warpdecode.decoding.constraints.schema_closing import SchemaCheck
 from warpdecode.decoding.generate import generate
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -32,130 +32,18 @@ returns None without it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-Path = tuple[str | int, ...]
+from warpdecode.decoding.constraints.json_prefix import Cursor, Open, Path
+from warpdecode.decoding.constraints.schema_reader import STRINGS, SchemaReader, another_key, listed
 
 _ROUNDS = 12
 """Validate-and-repair rounds per closing text."""
-_DEPTH = 8
-"""Nesting depth `minimal` writes at most (recursive schemas)."""
-_STRINGS = ("", "a", "_", "0", "a/a.yml", "${{ a }}")
-"""Strings `minimal` tries, in order, where a schema has a `pattern` or a minimum length."""
 
 
-@dataclass
-class Open:
-    """A container the prefix opened and has not closed."""
-
-    kind: str  # "{" or "["
-    path: Path  # its instance path
-    keys: list[str] = field(default_factory=list)  # object: the keys written (the one in progress included)
-    count: int = 0  # array: items started
-
-
-@dataclass
-class Cursor:
-    """Where a compact JSON prefix stands: `mode` is "value" (a value is due), "key" (a key or "}" is due;
-    `after_comma`: a key is), "colon", "after" (a value just ended), "string" / "key string" (inside
-    one, `text` read so far), "scalar" (a number or literal in progress, `text`) or "done"."""
-
-    stack: list[Open]
-    mode: str
-    text: str = ""
-    after_comma: bool = False
-
-    @classmethod
-    def read(cls, prefix: str) -> Cursor | None:
-        """The cursor after `prefix` (compact JSON: no whitespace between tokens); None where it is not a
-        JSON prefix this reader follows."""
-        cur = cls([], "value")
-        escape = False
-        for char in prefix:
-            if cur.mode in ("string", "key string"):
-                if escape:
-                    escape = False
-                    cur.text += "\\" + char
-                elif char == "\\":
-                    escape = True
-                elif char == '"':
-                    if cur.mode == "key string":
-                        cur.stack[-1].keys.append(json.loads(f'"{cur.text}"'))
-                        cur.mode = "colon"
-                    else:
-                        cur.mode = "after"
-                    cur.text = ""
-                else:
-                    cur.text += char
-                continue
-            if cur.mode == "scalar":
-                if char.isalnum() or char in "+-.":
-                    cur.text += char
-                    continue
-                cur.mode, cur.text = "after", ""
-            if not cur._step(char):
-                return None
-        return None if escape else cur
-
-    def _step(self, char: str) -> bool:
-        top = self.stack[-1] if self.stack else None
-        if self.mode == "value":
-            if char in "{[":
-                path = self.value_path()
-                if top is not None and top.kind == "[":
-                    top.count += 1
-                self.stack.append(Open(char, path))
-                self.mode, self.after_comma = ("key" if char == "{" else "value"), False
-                return True
-            if char == "]" and top is not None and top.kind == "[" and top.count == 0:
-                return self._close()
-            if top is not None and top.kind == "[":
-                top.count += 1
-            self.mode = "string" if char == '"' else "scalar"
-            self.text = "" if char == '"' else char
-            return char == '"' or char.isalnum() or char == "-"
-        if self.mode == "key":
-            if char == '"':
-                self.mode, self.text = "key string", ""
-                return True
-            return char == "}" and not self.after_comma and self._close()
-        if self.mode == "colon":
-            self.mode = "value"
-            return char == ":"
-        if self.mode == "after" and top is not None:
-            if char == ",":
-                self.mode, self.after_comma = ("key" if top.kind == "{" else "value"), True
-                return True
-            return char == "}]"[top.kind == "["] and self._close()
-        return False
-
-    def _close(self) -> bool:
-        self.stack.pop()
-        self.mode = "after" if self.stack else "done"
-        return True
-
-    def value_path(self) -> Path:
-        """The instance path of the value in progress or due."""
-        if not self.stack:
-            return ()
-        top = self.stack[-1]
-        if top.kind == "{":
-            return (*top.path, top.keys[-1]) if top.keys else top.path
-        return (*top.path, top.count - (self.mode != "value"))
-
-
-class SchemaCheck:
+class SchemaCheck(SchemaReader):
     """A JSON schema to check closings against, with its validator."""
-
-    def __init__(self, schema: Mapping[str, Any]) -> None:
-        import jsonschema
-
-        self.schema = dict(schema)
-        cls = jsonschema.validators.validator_for(self.schema)
-        self.validator = cls(self.schema)
 
     @classmethod
     def of(cls, schema: Mapping[str, Any]) -> SchemaCheck | None:
@@ -193,155 +81,6 @@ class SchemaCheck:
             errors.sort(key=lambda e: e.validator in ("anyOf", "oneOf"))  # branches after what they may share
             if not plan.repair_all(errors):
                 return
-
-    # -- the schema, read structurally --------------------------------------------------------------
-
-    def resolve(self, schema: Any) -> dict[str, Any]:
-        """`schema` with local `$ref`s followed (JSON pointers into the root); {} for anything else."""
-        for _ in range(_DEPTH):
-            if not isinstance(schema, dict) or "$ref" not in schema:
-                break
-            ref = schema["$ref"]
-            target: Any = self.schema
-            if not isinstance(ref, str) or not ref.startswith("#"):
-                return {}
-            for part in filter(None, ref[1:].split("/")):
-                part = part.replace("~1", "/").replace("~0", "~")
-                target = target.get(part) if isinstance(target, dict) else None
-            schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **target} if isinstance(target, dict) else {}
-        return schema if isinstance(schema, dict) else {}
-
-    def branches(self, schema: Any) -> list[dict[str, Any]]:
-        """The schemas an instance of `schema` may follow: itself, its `allOf` parts, and its `anyOf` /
-        `oneOf` / `then` / `else` branches, references followed."""
-        out: list[dict[str, Any]] = []
-        todo = [schema]
-        while todo and len(out) < 64:
-            item = self.resolve(todo.pop(0))
-            out.append(item)
-            for key in ("allOf", "anyOf", "oneOf"):
-                todo += item.get(key, []) if isinstance(item.get(key), list) else []
-            todo += [item[key] for key in ("then", "else") if isinstance(item.get(key), dict)]
-        return out
-
-    def at(self, path: Path) -> list[dict[str, Any]]:
-        """The schemas an instance at `path` may follow."""
-        found = self.branches(self.schema)
-        for step in path:
-            nxt: list[Any] = []
-            for item in found:
-                if isinstance(step, str):
-                    props = item.get("properties", {})
-                    if isinstance(props, dict) and step in props:
-                        nxt.append(props[step])
-                    for pattern, sub in (item.get("patternProperties") or {}).items():
-                        if re.search(pattern, step):
-                            nxt.append(sub)
-                    if isinstance(item.get("additionalProperties"), dict):
-                        nxt.append(item["additionalProperties"])
-                else:
-                    prefix = item.get("prefixItems")
-                    items = item.get("items")
-                    if isinstance(prefix, list) and step < len(prefix):
-                        nxt.append(prefix[step])
-                    elif isinstance(items, list):
-                        nxt += items[step:step + 1]
-                    elif isinstance(items, dict):
-                        nxt.append(items)
-            found = [b for sub in nxt for b in self.branches(sub)]
-        return found
-
-    def fits(self, value: Any, schema: Any) -> bool:
-        """`value` validates against `schema`, a part of the root schema."""
-        try:
-            return next(iter(self.validator.descend(value, schema)), None) is None
-        except Exception:  # noqa: BLE001 - a part jsonschema cannot check on its own (an unresolvable reference)
-            return False
-
-    def minimal(self, schema: Any, depth: int = 0) -> Any:
-        """A small value `schema` describes (checked where it has branches; a best guess elsewhere)."""
-        item = self.resolve(schema)
-        if "const" in item:
-            return item["const"]
-        if isinstance(item.get("enum"), list) and item["enum"]:
-            return min(item["enum"], key=lambda v: len(json.dumps(v)))
-        for key in ("allOf",):
-            if isinstance(item.get(key), list):
-                merged = dict(item)
-                for part in item[key]:
-                    part = self.resolve(part)
-                    merged = {**part, **merged, "required": [*merged.get("required", []), *part.get("required", [])],
-                              "properties": {**part.get("properties", {}), **merged.get("properties", {})}}
-                merged.pop(key)
-                item = merged
-        for key in ("anyOf", "oneOf"):
-            if isinstance(item.get(key), list) and depth < _DEPTH:
-                rest = {k: v for k, v in item.items() if k != key}
-                options = [self.minimal({**rest, **self.resolve(b)}, depth + 1) for b in item[key]]
-                good = [v for v in options if self.fits(v, item)]
-                return min(good or options, key=lambda v: len(json.dumps(v)))
-        kinds = item.get("type")
-        kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else [_guess(item)]
-        options = [_of_type(self, item, kind, depth) for kind in kinds]
-        return min(options, key=lambda v: len(json.dumps(v))) if options else None
-
-
-def _guess(item: dict[str, Any]) -> str:
-    if "properties" in item or "required" in item or "additionalProperties" in item:
-        return "object"
-    if "items" in item or "minItems" in item:
-        return "array"
-    return "string" if "pattern" in item or "minLength" in item else "null"
-
-
-def _listed(item: dict[str, Any]) -> list[Any]:
-    """The values `item` lists (its `enum`, or its `const`)."""
-    if "const" in item:
-        return [item["const"]]
-    return list(item["enum"]) if isinstance(item.get("enum"), list) else []
-
-
-def _another_key(item: dict[str, Any], taken: Any) -> tuple[str, Any] | None:
-    """A key an object of `item` may have beside `taken` (a property, else a short name one of its
-    `patternProperties` matches), with its schema."""
-    for name, sub in (item.get("properties") or {}).items():
-        if name not in taken:
-            return name, sub
-    for pattern, sub in (item.get("patternProperties") or {}).items():
-        for name in _STRINGS:
-            if name and name not in taken and re.search(pattern, name):
-                return name, sub
-    return None
-
-
-def _of_type(check: SchemaCheck, item: dict[str, Any], kind: str, depth: int) -> Any:
-    if kind == "object":
-        if depth >= _DEPTH:
-            return {}
-        props = item.get("properties") or {}
-        required = [k for k in item.get("required", []) if isinstance(k, str)]
-        order = [k for k in props if k in required] + [k for k in required if k not in props]
-        out = {k: check.minimal(props.get(k, {}), depth + 1) for k in order}
-        least = item.get("minProperties", 0)
-        while isinstance(least, int) and len(out) < min(least, 4) and (more := _another_key(item, out)) is not None:
-            out[more[0]] = check.minimal(more[1], depth + 1)
-        return out
-    if kind == "array":
-        count = item.get("minItems", 0) if isinstance(item.get("minItems"), int) else 0
-        sub = item.get("items") if isinstance(item.get("items"), dict) else {}
-        return [check.minimal(sub, depth + 1) for _ in range(min(count, 4))] if depth < _DEPTH else []
-    if kind == "string":
-        pattern, least = item.get("pattern"), item.get("minLength", 0)
-        for text in _STRINGS:
-            if len(text) >= least and (not isinstance(pattern, str) or re.search(pattern, text)):
-                return text
-        return "a" * least if isinstance(least, int) else ""
-    if kind in ("integer", "number"):
-        low, above = item.get("minimum", 0), item.get("exclusiveMinimum")
-        if isinstance(above, int | float) and not isinstance(above, bool):
-            low = above + 1
-        return low if isinstance(low, int | float) and not isinstance(low, bool) else 0
-    return False if kind == "boolean" else None
 
 
 class _Plan:
@@ -460,7 +199,7 @@ class _Plan:
             return True
         if depth is not None and kind == "minProperties" and self.cursor.stack[depth].kind == "{":
             top = self.cursor.stack[depth]
-            more = _another_key(self.check.resolve(error.schema), [*top.keys, *self.extra[depth]])
+            more = another_key(self.check.resolve(error.schema), [*top.keys, *self.extra[depth]])
             if more is None:
                 return False
             self.extra[depth].append(more[0])
@@ -484,7 +223,7 @@ class _Plan:
             if seen.count(_dump(item)) < 2:
                 continue
             where, taken = (*path, index), seen[:index] + seen[index + 1:]
-            choices = [v for s in self.check.at(where) for v in _listed(s) if _dump(v) not in taken]
+            choices = [v for s in self.check.at(where) for v in listed(s) if _dump(v) not in taken]
             if where in self.values and choices:
                 self.values[where] = choices[0]
                 self.touched.add(where)
@@ -500,7 +239,7 @@ class _Plan:
 
     def _finish_string(self, error: Any) -> bool:
         """End the string in progress so that it passes `error`'s schema: the rest of an enum member it
-        starts, or a short tail (`_STRINGS`) after which it validates."""
+        starts, or a short tail (`STRINGS`) after which it validates."""
         try:
             start = json.loads(f'"{self.cursor.text}"')
         except ValueError:  # an escape cut short
@@ -510,7 +249,7 @@ class _Plan:
             members = error.validator_value if kind == "enum" else [error.validator_value]
             tails = [m[len(start):] for m in members if isinstance(m, str) and m.startswith(start)]
         else:
-            tails = [t for t in _STRINGS if self.check.fits(start + t, error.schema)]
+            tails = [t for t in STRINGS if self.check.fits(start + t, error.schema)]
         lead = _dump(tails[0])[1:] if tails else None
         if lead is None or lead == self.lead:
             return False
