@@ -24,6 +24,11 @@ output, and until the closing point the tokens are those of constrained decoding
 A rollout costs about one mask per closing token (tens of microseconds each); it runs after every
 token once the budget left is within `window` tokens of the last closing's length, else every `every`
 tokens (a closing that grew past the budget in between is then looked for one token back).
+
+On a leniently compiled JSON schema (`Grammar.schema`) the grammar is looser than the schema, and a
+closing fits only where the closed text validates (`schema_closing.py`: a closing built from the
+schema, else the rollout if it validates); the check then runs after every token, and closes the
+output before its budget at a token after which no valid closing is found.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class ClosingTables:
     pieces: tuple[bytes, ...] = ()  # each token's bytes (`text_tokens`, the output's text)
     ranks: Tensor = field(init=False)  # (3, V) int64 each token's place in `orders`
     ids: dict[bytes, int] = field(init=False)  # bytes → the lowest id of a token that writes them
+    longest: int = field(init=False)  # the most bytes a token writes
 
     @classmethod
     def build(cls, token_bytes: list[bytes]) -> ClosingTables:
@@ -107,6 +113,7 @@ class ClosingTables:
             if text:
                 ids.setdefault(text, token)
         object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "longest", max(map(len, ids), default=0))
 
     def preferred(self, words: Tensor, lex: int, stop_ids: frozenset[int], count: int) -> list[int]:
         """The first `count` tokens in lexical state `lex`'s order that the packed mask `words` ((W,)
@@ -201,12 +208,11 @@ def text_tokens(state: Constraint, tables: ClosingTables, text: bytes, limit: in
     where the grammar refuses the text, does not accept after it, or it takes more. `state` is left
     as it was."""
     out: list[int] = []
-    longest = max(map(len, tables.ids), default=0)
     try:
         while text:
             if len(out) + 1 >= limit:
                 return None
-            for size in range(min(len(text), longest), 0, -1):
+            for size in range(min(len(text), tables.longest), 0, -1):
                 token = tables.ids.get(text[:size])
                 if token is not None and token not in state.stop_ids and state.advance([token]) == 1:
                     out.append(token)
