@@ -106,14 +106,17 @@ def test_cursor_reads_where_a_prefix_stands():
 
 def test_completions_repair_from_the_errors():
     check = SchemaCheck(IF_THEN)
-    assert list(check.completions('{"kind":"a')) == ['","n":3}']
-    assert list(check.completions('{"kind":"')) == ['a","n":3}']  # the enum member the string starts
+    assert check.completion('{"kind":"a') == '","n":3}'
+    assert check.completion('{"kind":"') == 'a","n":3}'  # the enum member the string starts
     # valid text, though out of the property order llguidance keeps: the grammar refuses it (test above)
-    assert list(check.completions('{"kind":"a","s":"q"')) == [',"n":3}'] and not check.valid('{"kind":"a","s":"q"}')
-    assert list(UNIQUE_CHECK.completions('{"t":["x","x"')) == []  # the model's duplicate: nothing repairs it
+    assert check.completion('{"kind":"a","s":"q"') == ',"n":3}' and not check.valid('{"kind":"a","s":"q"}')
+    assert SchemaCheck(UNIQUE).completion('{"t":["x","x"') is None  # the model's duplicate: nothing repairs it
 
 
-UNIQUE_CHECK = SchemaCheck(UNIQUE)
+def test_a_schema_the_validator_cannot_use_leaves_the_grammar_closing(pair):
+    """A reference jsonschema cannot resolve: the check is `broken`, and closings follow the grammar."""
+    check = SchemaCheck({"type": "object", "properties": {"a": {"$ref": "https://example.invalid/s.json"}}})
+    assert not check.valid('{"a":1}') and check.broken and check.completion('{"a":') is None
 
 
 def test_strict_and_other_formats_are_not_checked():
@@ -129,3 +132,23 @@ def test_without_jsonschema_the_closing_follows_the_grammar(pair, monkeypatch):
         warnings.simplefilter("always")
         closer = BudgetClosing.of(tokenizer, grammar, 10)
     assert closer.check is None and "warpdecode[structured]" in str(caught[0].message)
+
+
+@pytest.mark.slow
+def test_real_model_closes_into_the_schema(smollm2):
+    """On the default model's byte-level vocabulary: each budget's closed output validates against the
+    lenient schema (whose grammar drops the `if`/`then`), and the model's part is constrained decoding's."""
+    schema = {**IF_THEN, "properties": {**IF_THEN["properties"], "s": {"type": "string"}}}
+    prompt = 'Write a JSON object with "kind" set to "a" and a long sentence in "s".'
+    full = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=24, response_format=_format(schema))
+    closed = 0
+    for budget in (6, 10, 16):
+        out = generate(smollm2.model, smollm2.tokenizer, prompt, max_new_tokens=budget, response_format=_format(schema),
+                       close_at_budget=True)
+        assert len(out.token_ids) <= budget
+        model_part = out.token_ids[: len(out.token_ids) - out.stats.closing_tokens]
+        assert model_part == full.token_ids[: len(model_part)]
+        if out.stats.closing_tokens:
+            closed += 1
+            jsonschema.validate(json.loads(out.text), schema)
+    assert closed >= 2

@@ -241,7 +241,7 @@ class BudgetClosing:
 
     With `check` (a lenient JSON schema's `SchemaCheck`), a closing fits only where the closed text
     validates against the schema: the grammar's rollout where it does, else a closing built from the
-    schema (`SchemaCheck.completions`) written in the grammar's tokens. The check then runs after every
+    schema (`SchemaCheck.completion`) written in the grammar's tokens. The check then runs after every
     token, and an output whose next token leaves no valid closing (a duplicate item where the schema
     wants unique ones, a string where it wants an object: text the lenient grammar allows and the
     schema does not) is closed there, before its budget, with the closing from before that token.
@@ -282,16 +282,16 @@ class BudgetClosing:
         """A closing of `state` (the output so far: `text`, in lexical state `lex`) within `limit`
         tokens: the grammar's rollout, or with `check`, a closing built from the schema and else the
         rollout where the closed text validates."""
-        if self.check is None:
+        if self.check is None or self.check.broken:
             return closing(state, self.tables, lex, limit, lookahead=self.lookahead)
         prefix = _text(text)
-        for completion in self.check.completions(prefix) if prefix is not None else ():
-            tokens = text_tokens(state, self.tables, completion.encode(), limit)
-            if tokens is not None:
-                return tokens
+        built = None if prefix is None else self.check.completion(prefix)
+        tokens = None if built is None else text_tokens(state, self.tables, built.encode(), limit)
+        if tokens is not None:
+            return tokens
         found = closing(state, self.tables, lex, limit, lookahead=self.lookahead)
         closed = None if found is None else _text(text + b"".join(self.tables.pieces[t] for t in found[:-1]))
-        return found if closed is not None and self.check.valid(closed) else None
+        return found if closed is not None and (self.check.valid(closed) or self.check.broken) else None
 
     def take(self, state: Constraint, tokens: list[int]) -> list[int]:
         """Advance `state` by `tokens`, the grammar allowing each (a stop token ends them); returns the

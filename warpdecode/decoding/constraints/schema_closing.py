@@ -4,7 +4,7 @@ A schema llguidance compiles *leniently* (`x-guidance: {"lenient": true}`) gives
 the schema: `if`/`then`, `not`, `uniqueItems`, ... are dropped and `oneOf` is read as `anyOf`, so the
 grammar's closing (`closing.closing`) may complete the text into an instance the schema refuses (a
 required key an `if`/`then` adds, a value of a type a `oneOf` branch excludes). `SchemaCheck` holds the
-schema and a `jsonschema` validator: `valid` checks a closed text, and `completions` builds a closing
+schema and a `jsonschema` validator: `valid` checks a closed text, and `completion` builds a closing
 text from the schema for an output prefix and repairs it from the validation errors:
 
 * the prefix is read as far as it goes (`Cursor`): the containers still open, with their instance
@@ -32,7 +32,7 @@ returns None without it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from warpdecode.decoding.constraints.json_prefix import Cursor, Open, Path
@@ -43,7 +43,11 @@ _ROUNDS = 12
 
 
 class SchemaCheck(SchemaReader):
-    """A JSON schema to check closings against, with its validator."""
+    """A JSON schema to check closings against, with its validator. `broken` turns True once the
+    validator fails on the schema itself (a reference it cannot resolve offline, a malformed keyword):
+    the closing then follows the grammar only."""
+
+    broken = False
 
     @classmethod
     def of(cls, schema: Mapping[str, Any]) -> SchemaCheck | None:
@@ -59,28 +63,36 @@ class SchemaCheck(SchemaReader):
             instance = json.loads(text)
         except ValueError:
             return False
-        return bool(self.validator.is_valid(instance))
+        return not self._errors(instance)
 
-    def completions(self, prefix: str) -> Iterator[str]:
-        """Closing texts for `prefix` (the output so far) after which the whole text validates."""
+    def _errors(self, instance: Any) -> list[Any]:
+        """The validation errors of `instance` (one stand-in error where the schema cannot be used)."""
+        try:
+            return list(self.validator.iter_errors(instance))
+        except Exception as error:  # noqa: BLE001 - jsonschema and referencing raise many types for a bad schema
+            self.broken = True
+            return [error]
+
+    def completion(self, prefix: str) -> str | None:
+        """A closing text for `prefix` (the output so far) after which the whole text validates; None
+        where none is found."""
         cursor = Cursor.read(prefix)
         if cursor is None or cursor.mode == "done":
-            return
-        plan = _Plan(self, cursor)
-        for _ in range(_ROUNDS):
-            text = plan.text()
-            try:
-                instance = json.loads(prefix + text)
-            except ValueError:
-                return
-            errors = list(self.validator.iter_errors(instance))
-            if not errors:
-                yield text
-                return
-            plan.touched.clear()
-            errors.sort(key=lambda e: e.validator in ("anyOf", "oneOf"))  # branches after what they may share
-            if not plan.repair_all(errors):
-                return
+            return None
+        try:
+            plan = _Plan(self, cursor)
+            for _ in range(_ROUNDS):
+                text = plan.text()
+                errors = self._errors(json.loads(prefix + text))
+                if self.broken or not errors:
+                    return None if self.broken else text
+                plan.touched.clear()
+                errors.sort(key=lambda e: e.validator in ("anyOf", "oneOf"))  # branches after what they may share
+                if not plan.repair_all(errors):
+                    return None
+        except (ValueError, TypeError, LookupError, AttributeError, RecursionError):
+            return None  # a schema shape the heuristic does not read (the validator still judges every text)
+        return None
 
 
 class _Plan:

@@ -68,7 +68,7 @@ class SchemaReader:
                     if isinstance(props, dict) and step in props:
                         nxt.append(props[step])
                     for pattern, sub in (item.get("patternProperties") or {}).items():
-                        if re.search(pattern, step):
+                        if _matches(pattern, step):
                             nxt.append(sub)
                     if isinstance(item.get("additionalProperties"), dict):
                         nxt.append(item["additionalProperties"])
@@ -128,6 +128,14 @@ def _guess(item: dict[str, Any]) -> str:
     return "string" if "pattern" in item or "minLength" in item else "null"
 
 
+def _matches(pattern: Any, text: str) -> bool:
+    """`text` matches the schema's `pattern` (False for one Python's `re` does not read)."""
+    try:
+        return isinstance(pattern, str) and re.search(pattern, text) is not None
+    except re.error:
+        return False
+
+
 def listed(item: dict[str, Any]) -> list[Any]:
     """The values `item` lists (its `enum`, or its `const`)."""
     if "const" in item:
@@ -143,7 +151,7 @@ def another_key(item: dict[str, Any], taken: Any) -> tuple[str, Any] | None:
             return name, sub
     for pattern, sub in (item.get("patternProperties") or {}).items():
         for name in STRINGS:
-            if name and name not in taken and re.search(pattern, name):
+            if name and name not in taken and _matches(pattern, name):
                 return name, sub
     return None
 
@@ -167,7 +175,7 @@ def _of_type(check: SchemaReader, item: dict[str, Any], kind: str, depth: int) -
     if kind == "string":
         pattern, least = item.get("pattern"), item.get("minLength", 0)
         for text in STRINGS:
-            if len(text) >= least and (not isinstance(pattern, str) or re.search(pattern, text)):
+            if len(text) >= least and (not isinstance(pattern, str) or _matches(pattern, text)):
                 return text
         return "a" * least if isinstance(least, int) else ""
     if kind in ("integer", "number"):
