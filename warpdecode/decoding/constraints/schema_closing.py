@@ -13,17 +13,19 @@ text from the schema for an output prefix and repairs it from the validation err
   fits), writes the smallest value the schema describes where one is due (`minimal`), and closes
   every open container;
 * each validation error whose instance lies in the text the closing writes, or is an open container,
-  is repaired: a missing required key is added (with its smallest value), a value of the wrong type,
-  enum or const is replaced by the smallest one of its schema, a string still open is completed to
-  the enum member it starts; `anyOf` / `oneOf` failures follow the branch with the fewest errors.
-  An error in the model's part (a duplicate item, a string where an object is due) cannot be
-  repaired: no closing from here validates.
+  is repaired: a missing required key is added with its smallest value (in the schema's property
+  order, which llguidance's grammar keeps), too few properties or items get more, a value of the
+  wrong type, enum or const is replaced by the smallest one of its schema, a string still open is
+  completed to the enum member it starts (or a short tail its pattern takes), a duplicate item the
+  closing writes becomes another listed value; `anyOf` / `oneOf` failures follow the branch with the
+  fewest errors left. An error in the model's part (a duplicate item it wrote, a string where an
+  object is due) cannot be repaired: no closing from here validates.
 
 The text is then written in tokens the grammar allows (`closing.text_tokens`); where the grammar
 refuses it (a property order it enforces, say) it is no candidate. This is a heuristic for the
 JSON Schema keywords real schemas use most (`type`, `required`, `enum`, `const`, `properties`,
-`items`, `minItems`, `$ref`, `allOf`/`anyOf`/`oneOf`); a schema it cannot satisfy gets no closing
-from it, and the output then ends as without the check.
+`patternProperties`, `items`, `minItems`, `minProperties`, `uniqueItems`, `$ref`, `allOf` / `anyOf` /
+`oneOf`, `if`/`then`); where it finds no closing, the grammar's rollout is the only candidate.
 
 `jsonschema` is the optional extra `warpdecode[structured]` (it is also in `dev`); `SchemaCheck.of`
 returns None without it.
