@@ -26,8 +26,9 @@ Outputs are counted as valid (finished with EOS and validated), invalid
 cannot resolve offline), "length" (the budget ran out: a valid prefix, never counted as valid) or
 closed (the budget ran out and the output was closed: finish reason `length`, validated apart; the
 closing's tokens are counted against the closed outputs' tokens). Closing tokens cost no forward and
-count in tokens/s; the closing's rollouts count in the grammar hook and its masks in the mask columns,
-and their number and time are printed after the table.
+count in tokens/s; the closing searches (`BudgetClosing.find`: rollouts, and schema checks on lenient
+grammars) count in the grammar hook and their masks in the mask columns, and their number and time
+are printed after the table.
 Unconstrained outputs count as valid when the first fenced block, or else the outermost {...}, of the
 text validates (the compliance baseline).
 """
@@ -121,11 +122,12 @@ def _timed_fill_mask() -> None:
 
 
 ROLLOUTS = [0, 0.0, 0]
-"""Closing rollouts (`closing.closing` calls), their seconds and the tokens they returned, since the last reset."""
+"""Closing searches (`BudgetClosing.find` calls: the grammar's rollout, and on a lenient schema the closing
+built from the schema and its validations), their seconds and the tokens they returned, since the last reset."""
 
 
 def _timed_rollouts() -> None:
-    method = closing_module.closing
+    method = closing_module.BudgetClosing.find
 
     def wrapper(*args: Any, **kwargs: Any) -> list[int] | None:
         start = time.perf_counter()
@@ -135,7 +137,7 @@ def _timed_rollouts() -> None:
         ROLLOUTS[2] += len(out or ())
         return out
 
-    closing_module.closing = wrapper  # type: ignore[assignment]
+    closing_module.BudgetClosing.find = wrapper  # type: ignore[method-assign]
 
 
 CHECKS = [0]
@@ -275,7 +277,7 @@ def main() -> None:
               f"{t['checks'] / t['tokens']:.2f} |")
     for name, t in totals.items():
         if t["rollouts"]:
-            print(f"{name}: {t['rollouts']} closing rollouts ({t['rollouts'] / t['runs']:.1f} per output), "
+            print(f"{name}: {t['rollouts']} closing searches ({t['rollouts'] / t['runs']:.1f} per output), "
                   f"{1e3 * t['rollout seconds'] / t['rollouts']:.2f} ms each, {1e6 * t['rollout seconds'] / max(1, t['rollout tokens']):.0f} µs "
                   f"per closing token found, {100 * t['rollout seconds'] / t['seconds']:.1f} % of the decode time")
 

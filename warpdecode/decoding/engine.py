@@ -78,15 +78,14 @@ def run(
     if constraint is not None:
         logits = constraint.mask_next(logits)
     pending = int(sampler.select(logits)[0])
-    if constraint is not None:
-        constraint.commit([pending])
+    new = [pending] if constraint is None else constraint.commit([pending])  # a closing may replace it
+    pending = new[-1]
     stats.time_to_first_token = time.perf_counter() - start
-    new = [pending]
     stopped = stop_check is not None and stop_check(new) is not None
-    state = DecodeState(target, cache, prompt_ids + [pending], len(prompt_ids), sampler,
+    state = DecodeState(target, cache, prompt_ids + new, len(prompt_ids), sampler,
                         {k: v[0] for k, v in out.hidden_states.items()}, torch.tensor(prompt_ids[-1:]), out.logits[0])
     if on_tokens is not None:
-        on_tokens([pending])
+        on_tokens(list(new))
     method.drafter.start(state)
     method.controller.start(state)
 

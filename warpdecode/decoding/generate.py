@@ -352,9 +352,9 @@ def _closing(tokenizer: Tokenizer | None, grammar: Grammar, budget: int | None) 
     """Budget-aware closing of one output of `grammar` within `budget` tokens (None: no closing)."""
     if budget is None or tokenizer is None:
         return None
-    from warpdecode.decoding.constraints.closing import BudgetClosing, ClosingTables
+    from warpdecode.decoding.constraints.closing import BudgetClosing
 
-    return BudgetClosing(ClosingTables.of(tokenizer, grammar.vocab_size, grammar.stop_ids), budget)
+    return BudgetClosing.of(tokenizer, grammar, budget)
 
 
 def _constraint(model: Backbone, tokenizer: Tokenizer | None, response_format: Mapping[str, Any] | None,

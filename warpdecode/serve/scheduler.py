@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from warpdecode.decoding.constraints.closing import BudgetClosing, ClosingTables
+from warpdecode.decoding.constraints.closing import BudgetClosing
 from warpdecode.decoding.constraints.llguidance_matcher import Grammar
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
@@ -282,8 +282,7 @@ class Scheduler:
         """The budget-aware closing of `job`'s constrained output (None: it is cut at `max_tokens`)."""
         if job.grammar is None or not job.close_at_budget:
             return None
-        tables = ClosingTables.of(self.tokenizer, job.grammar.vocab_size, job.grammar.stop_ids)
-        return BudgetClosing(tables, job.max_tokens)
+        return BudgetClosing.of(self.tokenizer, job.grammar, job.max_tokens)
 
     def _alone(self) -> bool:
         with self._cond:

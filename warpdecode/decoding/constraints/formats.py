@@ -85,7 +85,21 @@ def compile_response_format(response_format: ResponseFormat | None, tokenizer: T
         return None
     if tokenizer is None:
         raise ConfigError("response_format needs the model's tokenizer")
-    return Grammar.compile(text, tokenizer, vocab_size=vocab_size, stop_ids=frozenset(stop_ids))
+    return Grammar.compile(text, tokenizer, vocab_size=vocab_size, stop_ids=frozenset(stop_ids),
+                           schema=lenient_schema(response_format))
+
+
+def lenient_schema(response_format: ResponseFormat | None) -> dict[str, Any] | None:
+    """The JSON schema of a `json_schema` format compiled leniently (`x-guidance: {"lenient": true}`:
+    llguidance drops the keywords it does not implement, so its grammar allows more than the schema),
+    without its `x-guidance`; None for any other format."""
+    if response_format is None or response_format.get("type") != "json_schema":
+        return None
+    schema = response_format["json_schema"]["schema"]
+    options = schema.get("x-guidance")
+    if not isinstance(options, Mapping) or not options.get("lenient"):
+        return None
+    return {k: v for k, v in schema.items() if k != "x-guidance"}
 
 
 def compile_row_formats(response_format: ResponseFormat | Sequence[ResponseFormat | None] | None,

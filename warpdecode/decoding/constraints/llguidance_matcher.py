@@ -9,6 +9,7 @@ roll back, so `GrammarState` records the stop itself (`terminated`) and rolls it
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,9 +72,13 @@ class Grammar:
     matcher: Any  # llguidance.LLMatcher at the start state, copied for each sequence
     vocab_size: int
     stop_ids: frozenset[int]
+    schema: Mapping[str, Any] | None = None
+    """The JSON schema budget-aware closings are checked against: set where the grammar is looser than
+    it (a schema compiled leniently), None where the grammar is the whole constraint."""
 
     @classmethod
-    def compile(cls, grammar: str, tokenizer: Tokenizer, *, vocab_size: int, stop_ids: frozenset[int]) -> Grammar:
+    def compile(cls, grammar: str, tokenizer: Tokenizer, *, vocab_size: int, stop_ids: frozenset[int],
+                schema: Mapping[str, Any] | None = None) -> Grammar:
         """Compile llguidance's grammar text (`LLMatcher.grammar_from_*`); a bad grammar is a ConfigError."""
         import llguidance
 
@@ -82,7 +87,7 @@ class Grammar:
         matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer, vocab_size, stop_ids), grammar, log_level=0)
         if matcher.is_error():
             raise ConfigError(f"cannot compile the response format: {one_line(matcher.get_error(), 300)}")
-        return cls(matcher, vocab_size, stop_ids)
+        return cls(matcher, vocab_size, stop_ids, schema)
 
     def state(self) -> GrammarState:
         return GrammarState(self.matcher.deep_copy(), self.vocab_size, self.stop_ids)
