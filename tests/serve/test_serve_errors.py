@@ -37,7 +37,10 @@ MALFORMED = [
     (COMPLETIONS, b'{"prompt": ["a", "b"]}', 400, "prompt"),
     (COMPLETIONS, b'{"prompt": "x", "speculation": 3}', 400, "speculation"),
     (COMPLETIONS, b'{"prompt": "x", "speculation": ":::"}', 400, "speculation"),
-    (COMPLETIONS, b'{"prompt": "x", "logprobs": 2}', 400, "logprobs"),
+    (COMPLETIONS, b'{"prompt": "x", "logprobs": 6}', 400, "logprobs"),
+    (COMPLETIONS, b'{"prompt": "x", "logprobs": -1}', 400, "logprobs"),
+    (COMPLETIONS, b'{"prompt": "x", "logprobs": true}', 400, "logprobs"),
+    (COMPLETIONS, b'{"prompt": "x", "logprobs": 2, "echo": true}', 400, "echo"),
     (COMPLETIONS, b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400, "stream_options"),
     (COMPLETIONS, b'{"prompt": "x", "model": "other"}', 404, "model"),
     (CHAT, b'{"messages": []}', 400, "messages"),
@@ -47,6 +50,10 @@ MALFORMED = [
     (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
     (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "n": "3"}', 400, "n"),
     (CHAT, b'{"messages": "hello"}', 400, "messages"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}', 400, "top_logprobs"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}', 400, "top_logprobs"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "logprobs": false, "top_logprobs": 2}', 400, "top_logprobs"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "logprobs": 3}', 400, "logprobs"),
 ]
 
 

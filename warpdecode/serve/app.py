@@ -30,6 +30,7 @@ from warpdecode.decoding.generate import prompt_ids
 from warpdecode.decoding.sampler import SamplingConfig
 from warpdecode.decoding.specs import MethodSpec, parse_method
 from warpdecode.errors import WarpdecodeError, one_line
+from warpdecode.serve.logprobs import HeldLogprobs, LogprobsFormat, TokenStrings
 from warpdecode.serve.metrics import ServerMetrics
 from warpdecode.serve.protocol import (
     ApiError,
@@ -85,6 +86,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
     """The server's app around a (not yet started) `scheduler`; its lifespan starts the scheduler and,
     at shutdown, lets it finish the requests it holds."""
     target, tokenizer, metrics = scheduler.target, scheduler.tokenizer, scheduler.metrics
+    strings = TokenStrings(tokenizer, target.config.vocab_size, scheduler.stop_ids)
     context = scheduler.max_model_len
     created = int(time.time())
     _spec(default_method, scheduler)  # a bad --method is refused before the server listens
@@ -196,6 +198,10 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         grammar = None
         if req.response_format is not None and req.response_format.type != "text":
             grammar = await run_in_threadpool(_grammar, req.response_format.as_dict(), scheduler)
+        top = req.top_count
+        fmt = None if top is None else LogprobsFormat(kind, strings)
+        if fmt is not None:
+            await run_in_threadpool(strings.ready)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
@@ -207,7 +213,8 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         # n choices: n jobs when sampling (job i seeded seed + i), one job copied into every choice when
         # greedy (the n answers are the same tokens)
         jobs = [Job(ids, max_tokens, replace(sampling, seed=None if req.seed is None else req.seed + i), spec,
-                    req.stops(), emitter(i), grammar=grammar, close_at_budget=req.close_at_budget)
+                    req.stops(), emitter(i), grammar=grammar, close_at_budget=req.close_at_budget,
+                    logprobs=top, stream=req.stream)
                 for i in range(req.n if sampling.do_sample else 1)]
         copies = 1 if sampling.do_sample else req.n
         scheduler.submit(*jobs)
@@ -223,7 +230,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
             choices.cancel()
             raise first[1].error
         if req.stream:
-            return StreamingResponse(_stream(choices, first, kind, meta, req.include_usage),
+            return StreamingResponse(_stream(choices, first, kind, meta, req.include_usage, fmt),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         parts: list[list[str]] = [[] for _ in jobs]
         done: dict[int, Finished] = {}
@@ -244,7 +251,9 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
             choices.cancel()
             raise
         answers = [("".join(parts[i]), done[i]) for i in range(len(jobs)) for _ in range(copies)]
-        return JSONResponse(_full(kind, meta, answers))
+        if fmt is None:
+            return JSONResponse(_full(kind, meta, answers))
+        return JSONResponse(await run_in_threadpool(_full, kind, meta, answers, fmt))  # many token strings
 
     return app
 
@@ -326,28 +335,30 @@ def _usage(finished: list[Finished]) -> Usage:
     return Usage(finished[0].usage.prompt_tokens, sum(f.usage.completion_tokens for f in finished))
 
 
-def _full(kind: Kind, meta: dict[str, Any], answers: list[tuple[str, Finished]]) -> dict[str, Any]:
+def _full(kind: Kind, meta: dict[str, Any], answers: list[tuple[str, Finished]],
+          fmt: LogprobsFormat | None = None) -> dict[str, Any]:
     usage = _usage([done for _, done in answers]).to_dict()
+    logprobs = [None if fmt is None or done.logprobs is None else fmt(done.logprobs) for _, done in answers]
     choices: list[dict[str, Any]]
     if kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs[i],
                     "finish_reason": done.reason} for i, (text, done) in enumerate(answers)]
         return {**meta, "object": "chat.completion", "choices": choices, "usage": usage}
-    choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": done.reason}
+    choices = [{"index": i, "text": text, "logprobs": logprobs[i], "finish_reason": done.reason}
                for i, (text, done) in enumerate(answers)]
     return {**meta, "object": "text_completion", "choices": choices, "usage": usage}
 
 
 def _chunk(kind: Kind, meta: dict[str, Any], index: int, text: str | None, finish: str | None, *,
-           role: bool = False) -> bytes:
+           role: bool = False, logprobs: dict[str, Any] | None = None) -> bytes:
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if role else \
             ({} if text is None else {"content": text})
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         body = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
     else:
         body = {**meta, "object": "text_completion",
-                "choices": [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
     return _sse(body)
 
 
@@ -356,11 +367,13 @@ def _sse(body: dict[str, Any] | str) -> bytes:
 
 
 async def _stream(choices: _Choices, first: tuple[int, Event], kind: Kind, meta: dict[str, Any],
-                  include_usage: bool) -> AsyncIterator[bytes]:
+                  include_usage: bool, fmt: LogprobsFormat | None = None) -> AsyncIterator[bytes]:
     """The jobs' events as OpenAI's stream chunks, one choice per chunk (`index`), in the order they come;
-    the jobs are cancelled if the stream ends early (the client went away and the response was cancelled)."""
+    the jobs are cancelled if the stream ends early (the client went away and the response was cancelled).
+    With `fmt`, a chunk carries the logprobs of the tokens that came since the last chunk."""
     finished: dict[int, Finished] = {}
     failed = False
+    held = HeldLogprobs(fmt)
     try:
         if kind == "chat":
             for index in range(len(choices.jobs) * choices.copies):
@@ -368,17 +381,20 @@ async def _stream(choices: _Choices, first: tuple[int, Event], kind: Kind, meta:
         job, event = first
         while True:
             if isinstance(event, Delta):
+                held.add(job, event.logprobs)
                 if event.text:
+                    lp = held.take(job)
                     for index in choices.indices(job):
-                        yield _chunk(kind, meta, index, event.text, None)
+                        yield _chunk(kind, meta, index, event.text, None, logprobs=lp)
             elif isinstance(event, Failed):
                 failed = True
                 yield _sse(event.error.body())
                 break
             else:
                 finished[job] = event
+                lp = held.take(job)
                 for index in choices.indices(job):
-                    yield _chunk(kind, meta, index, None, event.reason)
+                    yield _chunk(kind, meta, index, None, event.reason, logprobs=lp)
                 if len(finished) == len(choices.jobs):
                     if include_usage:
                         usage = _usage([finished[j] for j in sorted(finished) for _ in range(choices.copies)])

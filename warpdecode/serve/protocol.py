@@ -2,7 +2,7 @@
 
 Bodies are parsed strictly: a wrong type (`"max_tokens": "5"`), a value out of range or a field the
 server does not know is a 400 that names the field, as OpenAI's own API answers. Fields of the API
-that the server accepts but cannot honour yet (`logprobs`, `echo`, tools ...) are refused by
+that the server accepts but cannot honour yet (`echo`, tools ...) are refused by
 name rather than ignored, so a client never gets an answer to a question it did not ask.
 
 Extension field: `speculation`, a method spec `NAME[:KEY=VALUE...]` (decoding/specs.py), picks the
@@ -142,21 +142,26 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    """The log-probability of every new token and of this many most likely tokens at its position
+    (OpenAI's legacy shape: `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
 
     def check(self) -> None:
         self.check_common()
-        if self.logprobs is not None:
-            raise bad_request("logprobs is not supported yet", "logprobs")
         if self.echo:
             raise bad_request("echo is not supported yet", "echo")
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
             raise bad_request(f"best_of={self.best_of} is not supported yet (only 1)", "best_of")
+
+    @property
+    def top_count(self) -> int | None:
+        """Most likely tokens reported at each position (None: no logprobs)."""
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt (text or token ids); a list of several is a batch, not supported yet."""
@@ -172,22 +177,29 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    """Report the log-probability of every new token (`choices[i].logprobs.content`)."""
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    """With `logprobs`: this many most likely tokens at each position."""
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
     def check(self) -> None:
         self.check_common()
-        if self.logprobs or self.top_logprobs is not None:
-            raise bad_request("logprobs is not supported yet", "logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         if self.tools:
             raise bad_request("tools are not supported yet", "tools")
         if self.tool_choice not in (None, "none"):
             raise bad_request("tool_choice is not supported yet", "tool_choice")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise bad_request("give max_tokens or max_completion_tokens, not both", "max_tokens")
+
+    @property
+    def top_count(self) -> int | None:
+        """Most likely tokens reported at each position (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> int | None:

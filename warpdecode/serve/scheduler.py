@@ -43,6 +43,7 @@ from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import build_method, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
+from warpdecode.decoding.scoring import TokenLogprob, TokenScorer
 from warpdecode.decoding.specs import MethodSpec
 from warpdecode.decoding.stop_strings import StopMatcher
 from warpdecode.errors import WarpdecodeError, one_line
@@ -59,12 +60,17 @@ MAX_BUILT_METHODS = 8
 class Delta:
     text: str
     tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    """Its tokens' log-probabilities (a job that streams them); its text may lag its tokens (a character
+    or a stop string held back)."""
 
 
 @dataclass(frozen=True)
 class Finished:
     reason: Literal["stop", "length"]
     usage: Usage
+    logprobs: list[TokenLogprob] | None = None
+    """Every new token's log-probability (a job that asked for them at the end, `Job.stream` False)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ class Job:
     """The compiled `response_format` its output keeps to (None: free text)."""
     close_at_budget: bool = False
     """Close its constrained output within `max_tokens` (`decoding/constraints/closing.py`)."""
+    logprobs: int | None = None
+    """Report the target's log-probability of every new token with this many most likely alternatives
+    (`decoding/scoring.py`; None: none)."""
+    stream: bool = False
+    """Hand the log-probabilities over with each `Delta` (scored step by step) instead of in `Finished`
+    (scored in one forward at the end)."""
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -103,9 +115,11 @@ class _Stop(Exception):
 class _Output:
     """A job's output side: tokens → text increments through its stop strings, metrics, and the end."""
 
-    def __init__(self, job: Job, tokenizer: Tokenizer, metrics: ServerMetrics) -> None:
+    def __init__(self, job: Job, tokenizer: Tokenizer, metrics: ServerMetrics, target: Backbone) -> None:
         self.job, self.tokenizer, self.metrics = job, tokenizer, metrics
         self.decoder = StreamDecoder(tokenizer)
+        self.scorer = None if job.logprobs is None else \
+            TokenScorer(target, job.ids, max_new_tokens=job.max_tokens, top=job.logprobs)
         self.stops = StopMatcher(job.stops)
         self.last: float | None = None
         self.done = False
@@ -124,16 +138,19 @@ class _Output:
                 self.metrics.itl.observe((now - self.last) / len(tokens))
         self.last = now
         self.metrics.generated_tokens.inc(len(tokens))
-        if not _emit(self.job, Delta(self.stops.push(self.decoder.push(tokens)), len(tokens))):
+        scored = self.scorer.score(tokens) if self.scorer is not None and self.job.stream else None
+        if not _emit(self.job, Delta(self.stops.push(self.decoder.push(tokens)), len(tokens), scored)):
             self.job.cancel()
         return not (self.stops.stopped or self.job.cancelled.is_set())
 
     def finish(self, eos: bool) -> None:
         """End the job: its held-back text, then `Finished` (or nothing more if it was cancelled)."""
         self.done = True
+        scorer, self.scorer = self.scorer, None
         if self.job.cancelled.is_set():
             self.metrics.finished.labels("cancelled").inc()
             return
+        scored = None if scorer is None or self.job.stream else scorer.score(self.decoder.ids)
         if not self.stops.stopped:
             rest = self.tokenizer.decode(self.decoder.ids)[len(self.decoder.emitted):]  # a character cut at the end
             text = self.stops.push(rest) + self.stops.flush()
@@ -141,7 +158,7 @@ class _Output:
                 _emit(self.job, Delta(text, 0))
         reason: Literal["stop", "length"] = "stop" if eos or self.stops.stopped else "length"
         self.metrics.finished.labels(reason).inc()
-        _emit(self.job, Finished(reason, Usage(len(self.job.ids), len(self.decoder.ids))))
+        _emit(self.job, Finished(reason, Usage(len(self.job.ids), len(self.decoder.ids)), scored))
 
 
 class Scheduler:
@@ -262,7 +279,7 @@ class Scheduler:
             _emit(job, Failed(bad_request(f"speculation {job.spec.label!r}: {one_line(error)}", "speculation")))
             return
         self.metrics.prompt_tokens.inc(len(job.ids))
-        output = _Output(job, self.tokenizer, self.metrics)
+        output = _Output(job, self.tokenizer, self.metrics, self.target)
         if in_batch:
             self._join(job, sampler, output, method, constraint)
             return
@@ -360,8 +377,8 @@ class Scheduler:
                 if not output.done:
                     _emit(job, _failed(error))
             return
-        for row in list(self._rows):
-            self._emit_token(row)
+        for row, (job, _) in list(self._rows.items()):
+            self._guarded(job, partial(self._emit_token, row))  # scoring its tokens may fail
 
     def _emit_token(self, row: Row) -> None:
         """Hand `row`'s newest token to its job; end the job when the row or its output is done."""

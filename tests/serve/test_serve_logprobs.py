@@ -1,0 +1,145 @@
+"""`logprobs` through the real `openai` client: the target's log-softmax at every new token, in OpenAI's
+shapes, the same streamed or not and with speculation on or off."""
+
+from __future__ import annotations
+
+import itertools
+
+import httpx
+import openai
+import pytest
+import torch
+from serving import MODEL_NAME
+
+from warpdecode.decoding.continuous import DraftBudget, Row
+from warpdecode.decoding.generate import generate
+from warpdecode.decoding.tree import DraftTree
+
+PROMPT = "for i in range("  # the tiny model repeats itself after it: prompt lookup's drafts get accepted
+MESSAGES = [{"role": "user", "content": "Write a story"}]
+SPECULATIONS = ["none", "prompt_lookup:num_tokens=4", "draft_model:layers=1:num_tokens=3"]
+"""Plain, drafting in the batch, and drafting alone in the engine's loop (a draft model)."""
+
+
+class AlwaysDraft(DraftBudget):
+    """Every step drafts and verifies whole trees (the measured budget may turn speculation off)."""
+
+    def choose(self, rows: int, can_draft: bool, cut: bool = False) -> bool:
+        return can_draft
+
+    def keep(self, rows: int, row: Row, tree: DraftTree) -> int:
+        return tree.depth
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    served.scheduler.budget = AlwaysDraft()
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def reference(tiny, prompt: list[int], new: list[int]) -> torch.Tensor:
+    """log_softmax of the target's raw logits before each new token, from one cache-free forward. Returns (T, V)."""
+    target, _ = tiny
+    with torch.inference_mode():
+        logits = target(torch.tensor([prompt + new])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def completion(client, *, stream: bool = False, speculation: str = "none", **options):
+    """The choice's text and logprobs as plain data (a stream's chunks joined)."""
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, stream=stream,
+                                    extra_body={"speculation": speculation}, **{"temperature": 0, **options})
+    if not stream:
+        return out.choices[0].text, out.choices[0].logprobs.model_dump(), out.usage.completion_tokens
+    chunks = list(out)
+    joined: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        if chunk.choices[0].logprobs is not None:
+            for key, values in chunk.choices[0].logprobs.model_dump().items():
+                joined[key] += values
+    return "".join(c.choices[0].text for c in chunks), joined, None
+
+
+def test_completion_logprobs_are_the_targets_log_softmax(client, tiny):
+    target, tokenizer = tiny
+    text, logprobs, used = completion(client, logprobs=3)
+    ids = generate(target, tokenizer, PROMPT, max_new_tokens=24, chat=False).token_ids
+    assert len(ids) == used == len(logprobs["tokens"]) and text == tokenizer.decode(ids)
+    assert logprobs["tokens"] == [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    want = reference(tiny, tokenizer.encode(PROMPT), ids)
+    torch.testing.assert_close(torch.tensor(logprobs["token_logprobs"]), want[torch.arange(len(ids)), ids],
+                               atol=1e-5, rtol=0)
+    for token, lp, top, row in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], want,
+                                   strict=True):
+        assert 1 <= len(top) <= 4 and top[token] == lp  # the 3 most likely tokens and the chosen one
+        assert max(top.values()) == lp  # at temperature 0 the chosen token is the most likely
+        assert sorted(top.values(), reverse=True)[: len(top)] == list(top.values())
+        assert {tokenizer.decode([t], skip_special_tokens=False) for t in row.topk(3).indices.tolist()} <= set(top)
+    lengths = [len(t) for t in logprobs["tokens"]]
+    assert logprobs["text_offset"] == [sum(lengths[:i]) for i in range(len(lengths))]
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_logprobs_are_the_same_with_speculation_streamed_or_not(client, served):
+    def tau() -> dict[str, float]:
+        # a plain request first: the scheduler observed the last request's τ before it takes the next one
+        client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1)
+        return {s.name: s.value for s in served.metrics.tau.collect()[0].samples}
+    answers, gained = {}, {}
+    for speculation, stream in itertools.product(SPECULATIONS, (False, True)):
+        before = tau()
+        answers[speculation, stream] = completion(client, stream=stream, speculation=speculation, logprobs=2)[:2]
+        after = tau()
+        gained[speculation] = (after["warpdecode_tau_sum"] - before["warpdecode_tau_sum"]
+                               - (after["warpdecode_tau_count"] - before["warpdecode_tau_count"]))
+    assert all(answer == answers["none", False] for answer in answers.values())  # bit for bit
+    assert gained["prompt_lookup:num_tokens=4"] > 0 and gained["draft_model:layers=1:num_tokens=3"] > 0  # τ > 1
+
+
+def test_chat_logprobs_in_openais_shape_streamed_or_not(client, tiny):
+    out = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=16, temperature=0,
+                                         logprobs=True, top_logprobs=5)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    spoken = content if out.choices[0].finish_reason == "length" else content[:-1]  # not the stop token
+    assert b"".join(bytes(e.bytes) for e in spoken).decode(errors="replace") == out.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 5
+        assert [alt.logprob for alt in entry.top_logprobs] == sorted((alt.logprob for alt in entry.top_logprobs),
+                                                                      reverse=True)
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+        if entry.token.isascii():
+            assert entry.bytes == list(entry.token.encode())
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=16, temperature=0,
+                                                 logprobs=True, top_logprobs=5, stream=True))
+    streamed = [entry for c in chunks if c.choices[0].logprobs is not None for entry in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    bare = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True)
+    assert all(entry.top_logprobs == [] for entry in bare.choices[0].logprobs.content)
+
+
+def test_sampled_tokens_get_the_raw_logprobs_not_the_tempered_ones(client, tiny):
+    target, tokenizer = tiny
+    sampling = {"temperature": 0.7, "top_p": 0.9, "seed": 5}
+    _, logprobs, _ = completion(client, logprobs=0, **sampling)
+    ids = generate(target, tokenizer, PROMPT, max_new_tokens=24, chat=False, do_sample=True, **sampling).token_ids
+    want = reference(tiny, tokenizer.encode(PROMPT), ids)[torch.arange(len(ids)), ids]
+    torch.testing.assert_close(torch.tensor(logprobs["token_logprobs"]), want, atol=1e-5, rtol=0)
+    assert all(top == {token: lp} for token, lp, top in zip(logprobs["tokens"], logprobs["token_logprobs"],
+                                                            logprobs["top_logprobs"], strict=True))
+
+
+def test_n_choices_each_carry_logprobs(client):
+    out = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=6, n=2, temperature=0.9,
+                                         seed=3, logprobs=True)
+    assert sum(len(c.logprobs.content) for c in out.choices) == out.usage.completion_tokens
+
+
+def test_bad_logprobs_values_are_400s_naming_the_field(served):
+    cases = [("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
+             ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+             ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs")]
+    for path, body, param in cases:
+        response = httpx.post(served.url + path, json=body)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, body
