@@ -15,7 +15,9 @@ A server is `NAME` or `NAME@DTYPE`: `none` / any warpdecode method spec (`prompt
 `int4_self:layers=20`; its `--method`), at `--dtype DTYPE` (default fp32); or `llama.cpp` (the
 default model's own Q4_1 GGUF; `--llama-python` names the environment that has llama-cpp-python
 with its server extras). A warpdecode server name may end with `~sdpa`: that server runs the exact
-attention's definition (one SDPA per query, `WARPDECODE_NATIVE=0`) instead of the native kernel.
+attention's definition (one SDPA per query, `WARPDECODE_NATIVE=0`) instead of the native kernel,
+and with `+lpN` (`none+lp5`) its requests ask for `logprobs: N` (the server is the same: what the
+log-probabilities cost). `--no-stream` sends plain requests (then no TTFT or inter-token latency).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def start_server(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen,
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = open(Path(args.out).with_suffix(f".{name.replace(':', '_')}.log"), "w")  # noqa: SIM115
+    name = name.partition("+lp")[0]  # the same server; its requests ask for logprobs
     name, _, variant = name.partition("~")
     if variant == "sdpa":  # the exact attention's definition (one SDPA per query) instead of the native kernel
         env["WARPDECODE_NATIVE"] = "0"
@@ -113,13 +116,26 @@ def start_server(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen,
     raise SystemExit(f"server {name} did not answer within 300 s; see {log.name}")
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> Answer:
+async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, logprobs: int | None = None,
+                      stream: bool = True) -> Answer:
     answer = Answer()
-    body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     start = last = time.perf_counter()
     chunks = 0
     try:
+        if not stream:
+            response = await client.post(url + "/v1/completions", json=body)
+            if response.status_code != 200:
+                answer.error = f"HTTP {response.status_code}: {response.text[:200]!r}"
+                return answer
+            data = response.json()
+            answer.text, answer.finish = data["choices"][0]["text"], data["choices"][0]["finish_reason"]
+            answer.tokens = data["usage"]["completion_tokens"]
+            return answer
         async with client.stream("POST", url + "/v1/completions", json=body) as response:
             if response.status_code != 200:
                 answer.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
@@ -147,14 +163,15 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
     return answer
 
 
-async def run_level(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[list[Answer], float]:
+async def run_level(url: str, prompts: list[str], concurrency: int, max_tokens: int, logprobs: int | None = None,
+                    stream: bool = True) -> tuple[list[Answer], float]:
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0),
                                  limits=httpx.Limits(max_connections=concurrency + 4)) as client:
 
         async def bounded(prompt: str) -> Answer:
             async with limit:
-                return await one_request(client, url, prompt, max_tokens)
+                return await one_request(client, url, prompt, max_tokens, logprobs, stream)
 
         start = time.perf_counter()
         answers = await asyncio.gather(*(bounded(p) for p in prompts))
@@ -219,6 +236,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--no-stream", dest="stream", action="store_false", help="plain requests, not streamed")
     parser.add_argument("--llama-python", default="/tmp/llamacpp-venv/bin/python")
     parser.add_argument("--out", default="results/serve_load")
     args = parser.parse_args()
@@ -236,7 +254,9 @@ def main() -> None:
             asyncio.run(run_level(started[name][1], prompts[:1], 1, 8))
         for concurrency in args.concurrency:
             for name in servers:
-                answers, seconds = asyncio.run(run_level(started[name][1], prompts, concurrency, args.max_tokens))
+                logprobs = name.partition("+lp")[2]
+                answers, seconds = asyncio.run(run_level(started[name][1], prompts, concurrency, args.max_tokens,
+                                                         int(logprobs) if logprobs else None, args.stream))
                 alone.setdefault(name, answers)
                 ttfts = [a.ttft for a in answers if a.ttft is not None]
                 gaps = [g for a in answers for g in a.gaps]

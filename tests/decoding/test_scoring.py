@@ -6,9 +6,12 @@ import pytest
 import torch
 from tiny_models import greedy_target, naive_greedy
 
+from warpdecode.decoding.continuous import ContinuousBatch
+from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.scoring import TokenScorer
 from warpdecode.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 PROMPTS = [[5, 6, 7, 8, 5, 6], [1, 2, 3], [9] * 11]
 
 
@@ -47,3 +50,29 @@ def test_top_zero_gives_only_the_tokens_own_logprob_and_the_room_is_checked():
         scorer.score([6, 7])
     with pytest.raises(ConfigError):
         TokenScorer(model, [], max_new_tokens=3)
+
+
+class _Recording(Sampler):
+    """Keeps every logits row it picks a token from."""
+
+    def __init__(self) -> None:
+        super().__init__(SamplingConfig())
+        self.seen: list[torch.Tensor] = []
+
+    def select(self, logits: torch.Tensor) -> torch.Tensor:
+        self.seen.append(logits.clone())
+        return super().select(logits)
+
+
+def test_plain_rows_of_a_batch_are_scored_with_the_logits_they_were_decoded_from():
+    model = greedy_target()
+    batch = ContinuousBatch(model, max_rows=3, max_len=64, stop_ids=set())
+    rows = [batch.add(p, max_new_tokens=10, sampler=_Recording()) for p in PROMPTS]
+    while batch.rows:
+        batch.step()
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+    for prompt, row in zip(PROMPTS, rows, strict=True):
+        scored = TokenScorer(model, prompt, max_new_tokens=10).score(row.new)
+        decoded = torch.log_softmax(torch.cat(row.sampler.seen).float(), dim=-1)  # (10, V)
+        assert [s.logprob for s in scored] == decoded[torch.arange(10), row.new].tolist()  # bit for bit
