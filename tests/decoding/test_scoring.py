@@ -6,6 +6,7 @@ import pytest
 import torch
 from tiny_models import greedy_target, naive_greedy
 
+from warpdecode.decoding import scoring
 from warpdecode.decoding.continuous import ContinuousBatch
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
 from warpdecode.decoding.scoring import TokenScorer
@@ -23,13 +24,15 @@ def _reference(model, prompt: list[int], new: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_scores_equal_log_softmax_of_the_targets_logits_and_do_not_depend_on_chunking(prompt):
+def test_scores_equal_log_softmax_of_the_targets_logits_and_do_not_depend_on_chunking(prompt, monkeypatch):
     model = greedy_target()
     new = naive_greedy(model, prompt, 12)
     whole = TokenScorer(model, prompt, max_new_tokens=12, top=4).score(new)
     chunked_scorer = TokenScorer(model, prompt, max_new_tokens=12, top=4)
     chunked = [s for lo, hi in ((0, 1), (1, 5), (5, 6), (6, 12)) for s in chunked_scorer.score(new[lo:hi])]
     assert chunked == whole  # bit for bit: every position computes what a one-token step computes
+    monkeypatch.setattr(scoring, "SCORE_CHUNK", 5)  # one long batch, read in pieces
+    assert TokenScorer(model, prompt, max_new_tokens=12, top=4).score(new) == whole
     reference = _reference(model, prompt, new)
     assert [s.token for s in whole] == new
     torch.testing.assert_close(torch.tensor([s.logprob for s in whole]), reference[torch.arange(12), new],

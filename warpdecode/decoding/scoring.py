@@ -28,6 +28,10 @@ from warpdecode.kernels.invariance import batch_invariant
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 
+SCORE_CHUNK = 128
+"""Most new tokens one forward reads: a longer batch is scored in pieces (the same numbers) so that its
+(T, V) logits stay small (128 x 49k fp32: 25 MB)."""
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -55,14 +59,15 @@ class TokenScorer:
         self._cache: KVCache | None = None
         self._next: torch.Tensor | None = None  # (V,) logits before the next token
 
-    @torch.inference_mode()
     def score(self, tokens: list[int]) -> list[TokenLogprob]:
         """The log-probabilities of the request's next `tokens` (those after the ones scored so far)."""
-        if not tokens:
-            return []
         if len(self.prompt) + self.scored + len(tokens) > self.room:
             raise ConfigError(f"{self.scored + len(tokens)} new tokens exceed the scorer's "
                               f"{self.room - len(self.prompt)}")
+        return [s for i in range(0, len(tokens), SCORE_CHUNK) for s in self._score(tokens[i : i + SCORE_CHUNK])]
+
+    @torch.inference_mode()
+    def _score(self, tokens: list[int]) -> list[TokenLogprob]:
         device = self.target.embed.weight.device
         if self._cache is None:
             self.target.pack_for_cpu_inference()  # the weights the batch decodes with (packing rounds apart)
@@ -81,10 +86,6 @@ class TokenScorer:
         self._next = out.logits[0, -1].clone()  # not a view that keeps all T rows
         self.scored += T
         return scores(logits, torch.tensor(tokens, device=device), self.top)
-
-    def close(self) -> None:
-        """Free the cache (the scorer scores no more)."""
-        self._cache = self._next = None
 
 
 def scores(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
