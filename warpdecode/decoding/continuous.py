@@ -78,6 +78,11 @@ class Row:
     constraint: ConstrainedDecoding | None = None
     """The grammar its output keeps to (`decoding/constraints`); it ends the row once complete."""
     state: DecodeState | None = None
+    keep_logits: bool = False
+    """Keep the target's raw logits that each token of `last` was picked from, in `last_logits` (a
+    request that reports log-probabilities; not for a constraint that closes at its budget, whose
+    closing tokens no forward scored)."""
+    last_logits: torch.Tensor | None = None  # (len(last), V) float, with keep_logits
     started: float = field(default_factory=time.perf_counter)
 
     def _push(self, tokens: list[int], stop_ids: set[int]) -> None:
@@ -145,7 +150,8 @@ class ContinuousBatch:
 
     @torch.inference_mode()
     def add(self, prompt: list[int], *, max_new_tokens: int, sampler: Sampler, prompt_len: int | None = None,
-            method: Method | None = None, constraint: ConstrainedDecoding | None = None) -> Row:
+            method: Method | None = None, constraint: ConstrainedDecoding | None = None,
+            keep_logits: bool = False) -> Row:
         """Prefill `prompt` in a free row and pick its first token. The row joins the batch unless that
         token already finished it (check `row.finish`); the caller removes finished rows it was given.
         `prompt_len`: the request's own prompt is `prompt[:prompt_len]`, the rest was generated before
@@ -153,7 +159,7 @@ class ContinuousBatch:
         for this row alone: drafters keep per-request state), whose drafter must `supports_batch`.
         `constraint`: the grammar the row's output keeps to (each verified row masked with its own
         context's allowed tokens, forced tokens drafted for free); a constrained row needs `method`
-        (`build_method("none")` for plain decoding)."""
+        (`build_method("none")` for plain decoding). `keep_logits`: see `Row.keep_logits`."""
         if not self.free:
             raise ConfigError(f"the batch is full ({self.max_rows} rows)")
         if not prompt or max_new_tokens < 1 or len(prompt) + max_new_tokens > self.max_len:
@@ -165,9 +171,11 @@ class ContinuousBatch:
             method = None
         if method is not None and (not method.drafter.supports_batch or method.verifier.needs_hidden_states):
             raise CapabilityError(f"drafter {method.drafter.name!r} cannot draft for a row of a batch")
+        if keep_logits and constraint is not None and constraint.closing is not None:
+            raise CapabilityError("a row that closes its output at its budget cannot keep its logits")
         own = len(prompt) if prompt_len is None else prompt_len
         row = Row(list(prompt), max_new_tokens, sampler, stats=DecodeStats(prompt_tokens=own), prompt_len=own,
-                  method=method, constraint=constraint)
+                  method=method, constraint=constraint, keep_logits=keep_logits)
         if self.prefill_chunk is not None and len(prompt) > self.prefill_chunk:
             self.filling.append(row)  # `step` prefills it; it has no token yet
             return row
@@ -192,6 +200,8 @@ class ContinuousBatch:
             row.state = DecodeState(self.target, self.cache, list(row.prompt), row.prompt_len, row.sampler,
                                     forward_tokens=torch.tensor(row.prompt[-1:]), forward_logits=logits)
         row._push([first], self.stop_ids)
+        if row.keep_logits:
+            row.last_logits = logits[-1:].clone()
         if method is not None and row.state is not None:
             method.drafter.start(row.state)
             method.controller.start(row.state)
@@ -225,7 +235,7 @@ class ContinuousBatch:
         `keep(row, tree)` returns (None: verify the whole tree; `DraftBudget.keep`). Returns the rows,
         each with this step's tokens in `last`."""
         for row in self.rows:
-            row.last = []
+            row.last, row.last_logits = [], None
         started = self._fill() if self.filling else None
         decoding = [row for row in self.rows if row is not started]
         if not decoding:
@@ -301,9 +311,12 @@ class ContinuousBatch:
         row.stats.target_forwards += 1
         if row.method is None or row.state is None:
             row._push([self._select(row, logits[:1])], self.stop_ids)
+            if row.keep_logits:
+                row.last_logits = logits[:1].clone()
             return [0]
         candidates = tree.verified()
         rows = logits[: candidates.size + 1]  # (N+1, V): after the pending token, then after each candidate
+        raw = rows.clone() if row.keep_logits else None  # before penalties, masks and the verifier
         if row.sampler.penalties:
             history = TokenHistory(torch.tensor(row.state.tokens), row.prompt_len,
                                    ((),) + tuple(candidates.path_tokens()))
@@ -319,7 +332,10 @@ class ContinuousBatch:
         if row.finish is None:  # a stop token may end the row inside the path
             row.method.drafter.observe(state, result)
             row.method.controller.observe(result)
-        return [0] + [node + 1 for node in result.path]
+        kept = [0] + [node + 1 for node in result.path]  # the forward rows the tokens were picked from
+        if raw is not None:
+            row.last_logits = raw[kept[: len(row.last)]]
+        return kept
 
     def remove(self, row: Row) -> None:
         """Free `row`'s cache row (the last row moves into it), or drop it while its prompt is prefilled."""

@@ -7,7 +7,7 @@ model's own distribution, as OpenAI's `logprobs` report it) and the `top` most l
 
 The scores do not depend on how the tokens were chosen (plain or speculative steps, whatever else was
 in the batch) nor on how they are handed in (all at once, or one step's tokens at a time): the prefill
-is the batch's own (one forward over the prompt, last position), and every new token's forward runs
+is the batch's own (one forward over the prompt, or its chunks, last position), and every new token's forward runs
 batch-invariantly (`kernels/invariance.py`): each position computes what a one-token step at it
 computes alone. So a request decoded plainly in the batch is scored with the very numbers it was
 decoded with, and the same tokens score the same with speculation on or off.
@@ -46,14 +46,16 @@ class TokenLogprob:
 class TokenScorer:
     """Scores a request's new tokens under `target`, batch by batch (module docstring)."""
 
-    def __init__(self, target: Backbone, prompt: list[int], *, max_new_tokens: int, top: int = 0) -> None:
+    def __init__(self, target: Backbone, prompt: list[int], *, max_new_tokens: int, top: int = 0,
+                 prefill_chunk: int | None = None) -> None:
         """`max_new_tokens`: new tokens at most (the cache holds the prompt and them); `top`: alternatives
-        returned per token (0: only the token's own log-probability)."""
+        returned per token (0: only the token's own log-probability); `prefill_chunk`: prefill a longer
+        prompt this many tokens per forward, as a `ContinuousBatch` with that `prefill_chunk` does."""
         if not prompt:
             raise ConfigError("scoring needs a non-empty prompt")
         if top < 0 or max_new_tokens < 1:
             raise ConfigError(f"top must be >= 0 and max_new_tokens >= 1, got {top} and {max_new_tokens}")
-        self.target, self.prompt, self.top = target, list(prompt), top
+        self.target, self.prompt, self.top, self.prefill_chunk = target, list(prompt), top, prefill_chunk
         self.room = len(prompt) + max_new_tokens
         self.scored = 0
         self._cache: KVCache | None = None
@@ -73,8 +75,10 @@ class TokenScorer:
             self.target.pack_for_cpu_inference()  # the weights the batch decodes with (packing rounds apart)
             self._cache = KVCache.for_model(self.target.config, 1, self.room, dtype=self.target.embed.weight.dtype,
                                             device=device, zeroed=False)
-            out = self.target(torch.tensor([self.prompt], device=device), cache=self._cache,
-                              logits_slice=slice(-1, None))
+            step = len(self.prompt) if self.prefill_chunk is None else self.prefill_chunk
+            for i in range(0, len(self.prompt), step):
+                out = self.target(torch.tensor([self.prompt[i : i + step]], device=device), cache=self._cache,
+                                  logits_slice=slice(-1, None))
             self._next = out.logits[0, -1]
         assert self._next is not None
         T = len(tokens)

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+import torch
+
 from warpdecode.decoding.constraints.closing import BudgetClosing
 from warpdecode.decoding.constraints.llguidance_matcher import Grammar
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
@@ -43,7 +45,7 @@ from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import build_method, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
-from warpdecode.decoding.scoring import TokenLogprob, TokenScorer
+from warpdecode.decoding.scoring import TokenLogprob, TokenScorer, scores
 from warpdecode.decoding.specs import MethodSpec
 from warpdecode.decoding.stop_strings import StopMatcher
 from warpdecode.errors import WarpdecodeError, one_line
@@ -115,11 +117,15 @@ class _Stop(Exception):
 class _Output:
     """A job's output side: tokens → text increments through its stop strings, metrics, and the end."""
 
-    def __init__(self, job: Job, tokenizer: Tokenizer, metrics: ServerMetrics, target: Backbone) -> None:
+    def __init__(self, job: Job, tokenizer: Tokenizer, metrics: ServerMetrics, target: Backbone,
+                 prefill_chunk: int | None) -> None:
         self.job, self.tokenizer, self.metrics = job, tokenizer, metrics
         self.decoder = StreamDecoder(tokenizer)
         self.scorer = None if job.logprobs is None else \
-            TokenScorer(target, job.ids, max_new_tokens=job.max_tokens, top=job.logprobs)
+            TokenScorer(target, job.ids, max_new_tokens=job.max_tokens, top=job.logprobs, prefill_chunk=prefill_chunk)
+        self.carried: list[TokenLogprob] | None = None
+        """The log-probabilities of its tokens so far when they come with their logits (a batch row that
+        keeps them, from its first token on), for a job that is not streamed; else its scorer scores them."""
         self.stops = StopMatcher(job.stops)
         self.last: float | None = None
         self.done = False
@@ -128,8 +134,9 @@ class _Output:
     def produced(self) -> list[int]:
         return self.decoder.ids
 
-    def push(self, tokens: list[int]) -> bool:
-        """Emit `tokens`' text; False once the job must end (a stop string, or its client left)."""
+    def push(self, tokens: list[int], logits: torch.Tensor | None = None) -> bool:
+        """Emit `tokens`' text; False once the job must end (a stop string, or its client left). `logits`:
+        (len(tokens), V) the target's raw logits each token was picked from (a row that keeps them)."""
         now = time.perf_counter()
         if self.last is None:
             self.metrics.ttft.observe(now - self.job.arrival)
@@ -138,10 +145,27 @@ class _Output:
                 self.metrics.itl.observe((now - self.last) / len(tokens))
         self.last = now
         self.metrics.generated_tokens.inc(len(tokens))
-        scored = self.scorer.score(tokens) if self.scorer is not None and self.job.stream else None
+        scored = self._scored(tokens, logits)
         if not _emit(self.job, Delta(self.stops.push(self.decoder.push(tokens)), len(tokens), scored)):
             self.job.cancel()
         return not (self.stops.stopped or self.job.cancelled.is_set())
+
+    def _scored(self, tokens: list[int], logits: torch.Tensor | None) -> list[TokenLogprob] | None:
+        """`tokens`' log-probabilities to hand over with them (a streamed job), or None."""
+        top = self.job.logprobs
+        if top is None:
+            return None
+        if logits is not None:  # the numbers the scorer would compute (`decoding/scoring.py`), at no forward
+            self.scorer = None
+            scored = scores(logits, torch.tensor(tokens, device=logits.device), top)
+        elif self.job.stream and self.scorer is not None:
+            scored = self.scorer.score(tokens)
+        else:
+            return None
+        if self.job.stream:
+            return scored
+        self.carried = (self.carried or []) + scored
+        return None
 
     def finish(self, eos: bool) -> None:
         """End the job: its held-back text, then `Finished` (or nothing more if it was cancelled)."""
@@ -150,7 +174,7 @@ class _Output:
         if self.job.cancelled.is_set():
             self.metrics.finished.labels("cancelled").inc()
             return
-        scored = None if scorer is None or self.job.stream else scorer.score(self.decoder.ids)
+        scored = None if self.job.stream else self.carried if scorer is None else scorer.score(self.decoder.ids)
         if not self.stops.stopped:
             rest = self.tokenizer.decode(self.decoder.ids)[len(self.decoder.emitted):]  # a character cut at the end
             text = self.stops.push(rest) + self.stops.flush()
@@ -279,7 +303,7 @@ class Scheduler:
             _emit(job, Failed(bad_request(f"speculation {job.spec.label!r}: {one_line(error)}", "speculation")))
             return
         self.metrics.prompt_tokens.inc(len(job.ids))
-        output = _Output(job, self.tokenizer, self.metrics, self.target)
+        output = _Output(job, self.tokenizer, self.metrics, self.target, self.chunked_prefill_size)
         if in_batch:
             self._join(job, sampler, output, method, constraint)
             return
@@ -345,8 +369,15 @@ class Scheduler:
                                           stop_ids=self.stop_ids, prefill_chunk=self.chunked_prefill_size)
         done = output.produced
         self.metrics.batch_size.set(len(self._rows) + 1)  # its prefill counts
+        # a job with logprobs that decodes plainly in the batch from its first token on takes them from its
+        # row's own logits: every one of its queries sees a prefix of its row, as the scorer's do, so they are
+        # the scorer's numbers. Else its scorer scores them: a job that decoded alone first (the row's first
+        # logits come from a prefill of its tokens so far, not from a step), and a drafting row (the native
+        # exact attention rounds a tree node's query apart from the same keys as a prefix, ~6e-8)
+        keep = job.logprobs is not None and not done and (method is None or not method.drafter.drafts) \
+            and (constraint is None or constraint.closing is None)
         row = self._batch.add(job.ids + done, max_new_tokens=job.max_tokens - len(done), sampler=sampler,
-                              prompt_len=len(job.ids), method=method, constraint=constraint)
+                              prompt_len=len(job.ids), method=method, constraint=constraint, keep_logits=keep)
         self._rows[row] = (job, output)
         self.metrics.batch_size.set(len(self._rows))
         self._emit_token(row)
@@ -385,7 +416,7 @@ class Scheduler:
         _, output = self._rows[row]
         if not row.last:  # its prompt is still being prefilled
             return
-        going = output.push(row.last)
+        going = output.push(row.last, row.last_logits)
         if row.finish is not None or not going:
             output.finish(eos=row.finish == "eos")
             if row.finish is not None:
