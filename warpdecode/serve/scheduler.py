@@ -101,8 +101,8 @@ class Job:
     """Report the target's log-probability of every new token with this many most likely alternatives
     (`decoding/scoring.py`; None: none)."""
     stream: bool = False
-    """Hand the log-probabilities over with each `Delta` (scored step by step) instead of in `Finished`
-    (scored in one forward at the end)."""
+    """Hand the log-probabilities over with each `Delta` (each step's tokens scored as they come) instead
+    of in `Finished` (a scorer's tokens scored in one forward at the end)."""
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -164,7 +164,8 @@ class _Output:
             return None
         if self.job.stream:
             return scored
-        self.carried = (self.carried or []) + scored
+        self.carried = self.carried or []
+        self.carried.extend(scored)
         return None
 
     def finish(self, eos: bool) -> None:
