@@ -4,12 +4,14 @@ shapes, the same streamed or not and with speculation on or off."""
 from __future__ import annotations
 
 import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 import torch
-from serving import MODEL_NAME
+from serving import MODEL_NAME, Gate, serve_in_thread
 
 from warpdecode.decoding.continuous import DraftBudget, Row
 from warpdecode.decoding.generate import generate
@@ -143,3 +145,29 @@ def test_bad_logprobs_values_are_400s_naming_the_field(served):
     for path, body, param in cases:
         response = httpx.post(served.url + path, json=body)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, body
+
+
+def test_a_request_that_joins_the_batch_midway_keeps_its_logprobs(tiny, served):
+    """A draft model's request decodes alone, then joins the batch when another arrives (its scorer goes on
+    across the join): the same logprobs as the request decoded plainly."""
+    gate = Gate(tiny[0])
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 2}
+    for server in serve_in_thread(gate, tiny[1], max_num_seqs=4):
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(httpx.post, server.url + "/v1/completions",
+                                json={**body, "speculation": "draft_model:layers=1:num_tokens=3"}, timeout=120)
+            gate.release(3)
+            gate.hold_after(3)  # its prefill and two speculative steps, alone
+            second = pool.submit(httpx.post, server.url + "/v1/completions", json={**body, "max_tokens": 6},
+                                 timeout=120)
+            deadline = time.monotonic() + 30
+            while server.metrics.queue_depth._value.get() < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            gate.release(10_000)
+            joined, beside = first.result().json()["choices"][0], second.result().json()["choices"][0]
+        steps = {s.name + str(s.labels.get("le", "")): s.value for s in server.metrics.step_rows.collect()[0].samples}
+        assert steps["warpdecode_step_rows_count"] > steps["warpdecode_step_rows_bucket1.0"]  # it joined the batch
+    alone = httpx.post(served.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]
+    assert joined["logprobs"] == alone["logprobs"] and joined["text"] == alone["text"]
+    assert beside["logprobs"]["token_logprobs"] == alone["logprobs"]["token_logprobs"][:6]

@@ -370,13 +370,10 @@ class Scheduler:
                                           stop_ids=self.stop_ids, prefill_chunk=self.chunked_prefill_size)
         done = output.produced
         self.metrics.batch_size.set(len(self._rows) + 1)  # its prefill counts
-        # a job with logprobs that decodes plainly in the batch from its first token on takes them from its
-        # row's own logits: every one of its queries sees a prefix of its row, as the scorer's do, so they are
-        # the scorer's numbers. Else its scorer scores them: a job that decoded alone first (the row's first
-        # logits come from a prefill of its tokens so far, not from a step), and a drafting row (the native
-        # exact attention rounds a tree node's query apart from the same keys as a prefix, ~6e-8)
-        keep = job.logprobs is not None and not done and (method is None or not method.drafter.drafts) \
-            and (constraint is None or constraint.closing is None)
+        # a job with logprobs takes them from its row's own logits (no scoring forward), unless it decoded
+        # alone first: then the row's first logits come from a prefill of its tokens so far, not from a step
+        # as the scorer's, and its scorer goes on
+        keep = job.logprobs is not None and not done and (constraint is None or constraint.closing is None)
         row = self._batch.add(job.ids + done, max_new_tokens=job.max_tokens - len(done), sampler=sampler,
                               prompt_len=len(job.ids), method=method, constraint=constraint, keep_logits=keep)
         self._rows[row] = (job, output)
