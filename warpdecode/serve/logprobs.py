@@ -1,4 +1,8 @@
-"""OpenAI's `logprobs` of a choice, from the log-probabilities the scheduler scored (`decoding/scoring.py`).
+"""A request's log-probabilities: where the scheduler takes them from, and OpenAI's `logprobs` of a choice.
+
+`RequestLogprobs` (the scheduler's side): a request decoded in the batch from its first token on takes
+them from the logits its tokens were picked from (its row `keep_logits`); one that decoded alone first
+has them scored by a `TokenScorer` (`decoding/scoring.py`), the same numbers (docs/serve.md).
 
 Chat completions: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
 "bytes"}, ...]}, ...]}`, `top_logprobs` holding the `top_logprobs` most likely tokens. Completions
@@ -18,9 +22,49 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Literal
 
+import torch
+
 from warpdecode.decoding.constraints.llguidance_matcher import ll_tokenizer
-from warpdecode.decoding.scoring import TokenLogprob
+from warpdecode.decoding.scoring import TokenLogprob, TokenScorer, scores
+from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import Tokenizer
+
+
+class RequestLogprobs:
+    """One request's log-probabilities, step by step: handed over with each step's tokens (`stream`) or
+    gathered for its end."""
+
+    def __init__(self, target: Backbone, prompt: list[int], *, max_new_tokens: int, top: int, stream: bool,
+                 prefill_chunk: int | None = None) -> None:
+        self.top, self.stream = top, stream
+        self.scorer: TokenScorer | None = TokenScorer(target, prompt, max_new_tokens=max_new_tokens, top=top,
+                                                      prefill_chunk=prefill_chunk)
+        """Scores the tokens that come without their logits (None once they come with them)."""
+        self.carried: list[TokenLogprob] = []
+        """The log-probabilities so far of a request that is not streamed, taken from its logits."""
+
+    def step(self, tokens: list[int], logits: torch.Tensor | None) -> list[TokenLogprob] | None:
+        """`tokens`' log-probabilities to hand over with them (streamed), or None. `logits`: (len(tokens), V)
+        the raw logits each token was picked from (a batch row that keeps them; the same for every step of
+        a request once given, from its first token on), or None."""
+        if logits is not None:
+            self.scorer = None
+            scored = scores(logits, torch.tensor(tokens, device=logits.device), self.top)
+        elif self.stream:
+            assert self.scorer is not None, "a request's steps come all with their logits or all without"
+            scored = self.scorer.score(tokens)
+        else:
+            return None  # scored at the end, in one forward
+        if self.stream:
+            return scored
+        self.carried.extend(scored)
+        return None
+
+    def end(self, produced: list[int]) -> list[TokenLogprob] | None:
+        """Every new token's log-probability (`produced`: the request's new tokens), or None when streamed."""
+        if self.stream:
+            return None
+        return self.carried if self.scorer is None else self.scorer.score(produced)
 
 
 class TokenStrings:

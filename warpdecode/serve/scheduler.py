@@ -45,12 +45,13 @@ from warpdecode.decoding.continuous import ContinuousBatch, DraftBudget, Row
 from warpdecode.decoding.engine import Method, run
 from warpdecode.decoding.generate import build_method, stop_token_ids
 from warpdecode.decoding.sampler import Sampler, SamplingConfig
-from warpdecode.decoding.scoring import TokenLogprob, TokenScorer, scores
+from warpdecode.decoding.scoring import TokenLogprob
 from warpdecode.decoding.specs import MethodSpec
 from warpdecode.decoding.stop_strings import StopMatcher
 from warpdecode.errors import WarpdecodeError, one_line
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.tokenizer import StreamDecoder, Tokenizer
+from warpdecode.serve.logprobs import RequestLogprobs
 from warpdecode.serve.metrics import ServerMetrics
 from warpdecode.serve.protocol import ApiError, Usage, bad_request
 
@@ -121,11 +122,9 @@ class _Output:
                  prefill_chunk: int | None) -> None:
         self.job, self.tokenizer, self.metrics = job, tokenizer, metrics
         self.decoder = StreamDecoder(tokenizer)
-        self.scorer = None if job.logprobs is None else \
-            TokenScorer(target, job.ids, max_new_tokens=job.max_tokens, top=job.logprobs, prefill_chunk=prefill_chunk)
-        self.carried: list[TokenLogprob] | None = None
-        """The log-probabilities of its tokens so far when they come with their logits (a batch row that
-        keeps them, from its first token on), for a job that is not streamed; else its scorer scores them."""
+        self.logprobs = None if job.logprobs is None else RequestLogprobs(
+            target, job.ids, max_new_tokens=job.max_tokens, top=job.logprobs, stream=job.stream,
+            prefill_chunk=prefill_chunk)
         self.stops = StopMatcher(job.stops)
         self.last: float | None = None
         self.done = False
@@ -145,37 +144,19 @@ class _Output:
                 self.metrics.itl.observe((now - self.last) / len(tokens))
         self.last = now
         self.metrics.generated_tokens.inc(len(tokens))
-        scored = self._scored(tokens, logits)
+        scored = None if self.logprobs is None else self.logprobs.step(tokens, logits)
         if not _emit(self.job, Delta(self.stops.push(self.decoder.push(tokens)), len(tokens), scored)):
             self.job.cancel()
         return not (self.stops.stopped or self.job.cancelled.is_set())
 
-    def _scored(self, tokens: list[int], logits: torch.Tensor | None) -> list[TokenLogprob] | None:
-        """`tokens`' log-probabilities to hand over with them (a streamed job), or None."""
-        top = self.job.logprobs
-        if top is None:
-            return None
-        if logits is not None:  # the numbers the scorer would compute (`decoding/scoring.py`), at no forward
-            self.scorer = None
-            scored = scores(logits, torch.tensor(tokens, device=logits.device), top)
-        elif self.job.stream and self.scorer is not None:
-            scored = self.scorer.score(tokens)
-        else:
-            return None
-        if self.job.stream:
-            return scored
-        self.carried = self.carried or []
-        self.carried.extend(scored)
-        return None
-
     def finish(self, eos: bool) -> None:
         """End the job: its held-back text, then `Finished` (or nothing more if it was cancelled)."""
         self.done = True
-        scorer, self.scorer = self.scorer, None
+        logprobs, self.logprobs = self.logprobs, None  # frees a scorer's cache
         if self.job.cancelled.is_set():
             self.metrics.finished.labels("cancelled").inc()
             return
-        scored = None if self.job.stream else self.carried if scorer is None else scorer.score(self.decoder.ids)
+        scored = None if logprobs is None else logprobs.end(self.decoder.ids)
         if not self.stops.stopped:
             rest = self.tokenizer.decode(self.decoder.ids)[len(self.decoder.emitted):]  # a character cut at the end
             text = self.stops.push(rest) + self.stops.flush()
