@@ -102,3 +102,11 @@ def test_a_batch_rows_kept_logits_are_what_the_scorer_computes(prefill_chunk, mo
         assert scoring.scores(torch.cat(kept[id(row)]), torch.tensor(row.new), 3) == scored
     plain = rows[0]  # its sampler saw exactly these logits
     assert torch.equal(torch.cat(plain.sampler.seen), torch.cat(kept[id(plain)]))
+
+
+def test_top_alternatives_break_ties_by_token_id():
+    logits = torch.tensor([[1.0, 3.0, 0.0, 3.0, 3.0, 2.0], [5.0, 4.0, 4.0, 1.0, 0.0, 0.0]])  # (T, V)
+    first, second = scoring.scores(logits, torch.tensor([5, 2]), 2)
+    assert [t for t, _ in first.top] == [1, 3] and [t for t, _ in second.top] == [0, 1]  # a tie across the cut
+    assert first.top[0][1] == first.top[1][1] and first.logprob == pytest.approx(float(torch.log_softmax(logits[0], 0)[5]))
+    assert [t for t, _ in scoring.scores(logits, torch.tensor([5, 2]), 6)[0].top] == [1, 3, 4, 5, 0, 2]

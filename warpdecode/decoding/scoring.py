@@ -104,11 +104,14 @@ def scores(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLo
     chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()  # (T,)
     pairs: list[tuple[tuple[int, float], ...]] = [()] * len(chosen)
     if top:
-        # every token at least as likely as the top-th (ties at the cut included), ordered by (logprob
-        # descending, id): the same alternatives whatever the top-k kernel does with ties
-        kth = logprobs.topk(min(top, logprobs.shape[1]), dim=-1).values[:, -1:]  # (T, 1)
-        for t, row in enumerate(logprobs):
-            ids = (row >= kth[t]).nonzero()[:, 0]
-            ranked = sorted(zip(row[ids].tolist(), ids.tolist(), strict=True), key=lambda p: (-p[0], p[1]))
+        # ordered by (logprob descending, id), so that ties come out the same whatever the top-k kernel
+        # does with them; one more than asked for shows whether a tie straddles the cut (then, rarely, the
+        # whole row is read: every token at least as likely as the top-th)
+        values, ids = logprobs.topk(min(top + 1, logprobs.shape[1]), dim=-1)  # (T, top + 1)
+        for t, (row_values, row_ids) in enumerate(zip(values.tolist(), ids.tolist(), strict=True)):
+            if len(row_values) > top and row_values[top] == row_values[top - 1]:
+                tied = (logprobs[t] >= row_values[top - 1]).nonzero()[:, 0]
+                row_values, row_ids = logprobs[t, tied].tolist(), tied.tolist()
+            ranked = sorted(zip(row_values, row_ids, strict=True), key=lambda p: (-p[0], p[1]))
             pairs[t] = tuple((i, v) for v, i in ranked[:top])
     return [TokenLogprob(t, lp, alt) for t, lp, alt in zip(tokens.tolist(), chosen, pairs, strict=True)]
