@@ -110,3 +110,26 @@ def test_top_alternatives_break_ties_by_token_id():
     assert [t for t, _ in first.top] == [1, 3] and [t for t, _ in second.top] == [0, 1]  # a tie across the cut
     assert first.top[0][1] == first.top[1][1] and first.logprob == pytest.approx(float(torch.log_softmax(logits[0], 0)[5]))
     assert [t for t, _ in scoring.scores(logits, torch.tensor([5, 2]), 6)[0].top] == [1, 3, 4, 5, 0, 2]
+
+
+@pytest.mark.slow
+def test_real_model_batch_rows_keep_the_scorers_numbers(smollm2):
+    """The default model (64-wide heads): a plain row's and a token-recycling row's kept logits are the
+    scorer's, bit for bit."""
+    tok = smollm2.tokenizer
+    prompts = [tok.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):"), tok.encode("1, 2, 3, 4, 5, 6,")]
+    methods = [None, "token_recycling"]
+    batch = ContinuousBatch(smollm2.model, max_rows=2, max_len=128, stop_ids=set())
+    rows = [batch.add(p, max_new_tokens=12, sampler=Sampler(SamplingConfig()), keep_logits=True,
+                      method=None if m is None else build_method(m, do_sample=False))
+            for p, m in zip(prompts, methods, strict=True)]
+    kept = {id(row): [row.last_logits] for row in rows}
+    while batch.rows:
+        for row in batch.step():
+            kept[id(row)].append(row.last_logits)
+        for row in [r for r in batch.rows if r.finish is not None]:
+            batch.remove(row)
+    assert max(len(r.stats.accepted_per_step) and max(r.stats.accepted_per_step) for r in rows) > 0
+    for prompt, row in zip(prompts, rows, strict=True):
+        scored = TokenScorer(smollm2.model, prompt, max_new_tokens=12, top=5).score(row.new)
+        assert scoring.scores(torch.cat(kept[id(row)]), torch.tensor(row.new), 5) == scored
