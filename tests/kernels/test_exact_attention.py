@@ -72,11 +72,13 @@ def test_a_query_computes_the_same_bits_whatever_else_the_call_holds():
 
 
 @needs_native
-def test_a_tree_query_equals_the_one_token_step_after_its_branch_is_accepted():
+@pytest.mark.parametrize("D", [64, 8, 20])  # 8, 20: heads narrower than, or not a multiple of, 16 lanes
+@pytest.mark.parametrize("seed", range(5))
+def test_a_tree_query_equals_the_one_token_step_after_its_branch_is_accepted(D, seed):
     # verify: b sees the 11 cached slots and its own key at slot 12 (slot 11 holds its sibling a);
     # after acceptance b's key moves to slot 11 and the next step's query sees a prefix of 12
-    H, Hkv, D, S = 4, 2, 64, 16
-    q, k, v = _qkv(1, H, Hkv, 1, S, D, seed=3)
+    H, Hkv, S = 4, 2, 16
+    q, k, v = _qkv(1, H, Hkv, 1, S, D, seed=3 + seed)
     mask = torch.zeros(1, 1, 1, S, dtype=torch.bool)
     mask[0, 0, 0, :11] = True
     mask[0, 0, 0, 12] = True
