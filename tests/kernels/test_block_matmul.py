@@ -120,8 +120,8 @@ def test_the_portable_path_computes_the_same_bits(tmp_path):
 
 @needs_native
 def test_the_work_pool_serves_concurrent_callers_and_forked_children():
-    """Python threads calling at once (the pool takes one job at a time) and a child forked after the
-    pool started (it has no helper threads: it runs every job alone) get the same bits."""
+    """Python threads calling at once (one OpenMP team each) and a child forked after the parent ran
+    the kernels (its OpenMP runtime has no threads: it runs every job alone) get the same bits."""
     import os
     import select
     import threading

@@ -24,7 +24,7 @@ from pathlib import Path
 from warpdecode.io import cache_dir
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 """`-ffp-contract=off`: a multiply and an add stay two roundings unless the source asks for a fused
 multiply-add (`fmaf`, intrinsics). Left to the compiler, contraction differs between two copies of the
 same loop (a tail loop, a loop versioned by how its addresses are computed), and the kernels promise
