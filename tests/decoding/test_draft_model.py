@@ -181,3 +181,35 @@ def test_a_quantised_draft_model_stays_lossless(tiny_model_dir, single_thread):
         DraftModelDrafter(model="x", dtype="fp8")
     with pytest.raises(ConfigError, match="layers= drafts with the target"):
         DraftModelDrafter(layers=2, dtype="q4")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8"])
+def test_a_draft_vocabulary_prefix_stays_lossless(tiny_model_dir, single_thread, dtype):
+    """vocab=N: the draft's head keeps its first N rows (the same logits for them, -inf past them), so
+    it never drafts a later token, and the verified output is plain decoding's."""
+    target, tokenizer = load_pretrained(tiny_model_dir)
+    V = target.config.vocab_size
+    plain = generate(target, tokenizer, "for i in range", max_new_tokens=20, stop_at_eos=False, chat=False)
+    whole = DraftModelDrafter(model=str(tiny_model_dir), dtype=dtype)
+    whole.prepare(target)
+    for rows in (V // 2, V // 2 + 3):  # a whole number of 16-channel tiles, and not
+        method = build_method("draft_model", options={"model": str(tiny_model_dir), "num_tokens": 4, "dtype": dtype,
+                                                      "vocab": rows})
+        drafted = generate(target, tokenizer, "for i in range", max_new_tokens=20, stop_at_eos=False, chat=False,
+                           method=method)
+        assert drafted.token_ids == plain.token_ids
+        drafter = method.drafter
+        assert isinstance(drafter, DraftModelDrafter) and drafter.draft_rows() == rows
+        drafter.prepare(target)  # a second prepare keeps the cut head
+        assert drafter.draft_rows() == rows
+        drafter.cache, whole.cache = drafter.new_draft_cache(16), whole.new_draft_cache(16)
+        with torch.inference_mode():
+            cut, full = drafter.run_draft([1, 5, 7]), whole.run_draft([1, 5, 7])  # (1, V) each
+        assert cut.shape == full.shape == (1, V)
+        # the same logits up to the matmul's blocking for another number of rows (float32)
+        torch.testing.assert_close(cut[:, :rows], full[:, :rows], rtol=1e-5, atol=1e-5)
+        assert bool((cut[:, rows:] == float("-inf")).all())
+    with pytest.raises(ConfigError, match="vocab= must be >= 1 and needs model="):
+        DraftModelDrafter(layers=2, vocab=100)
+    with pytest.raises(ConfigError, match="exceeds the draft vocabulary of 4"):
+        DraftModelDrafter(model=str(tiny_model_dir), vocab=4, top_k=5).prepare(target)

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from warpdecode.kernels.block_matmul import (
     BLOCK,
+    INT8_BLOCK_BYTES,
     TILE,
     block_matmul,
     native_library,
@@ -101,6 +102,7 @@ class Int8Weight(ABC):
     """Per-output-channel symmetric int8 weight `(out, in)`: `w ≈ q * scale`, q in [-127, 127]."""
 
     in_features: int
+    out_features: int
 
     @staticmethod
     def of(weight: Tensor, bias: Tensor | None = None, *, impl: QuantImpl = "auto") -> Int8Weight:
@@ -124,6 +126,10 @@ class Int8Weight(ABC):
     @abstractmethod
     def dequantized(self) -> Tensor:
         """(out, in) float32: the weight as the kernel sees it (the reference the kernel is tested against)."""
+
+    @abstractmethod
+    def first_rows(self, n: int) -> Int8Weight:
+        """The weight of the first `n` output channels alone (its own copy; the same outputs for them)."""
 
     @property
     @abstractmethod
@@ -159,6 +165,14 @@ class TorchInt8Weight(Int8Weight):
 
     def dequantized(self) -> Tensor:
         return self.qweight[:, : self.in_features].float() * self.scales.float()[:, None]
+
+    @property
+    def out_features(self) -> int:  # type: ignore[override]
+        return self.qweight.shape[0]
+
+    def first_rows(self, n: int) -> TorchInt8Weight:
+        bias = None if self.bias is None else self.bias[:n].clone()
+        return TorchInt8Weight(self.qweight[:n].clone(), self.scales[:n].clone(), bias, self.in_features)
 
     @property
     def bias_float(self) -> Tensor | None:
@@ -208,6 +222,15 @@ class BlockInt8Weight(Int8Weight):
     def dequantized(self) -> Tensor:
         q = unpack_int8(self.blocks, self.out_features, self.width)[:, : self.in_features]
         return q.float() * self.scales[: self.out_features, None]
+
+    def first_rows(self, n: int) -> BlockInt8Weight:
+        tiles = -(-n // TILE)
+        part = self.blocks[: tiles * (self.width // BLOCK) * INT8_BLOCK_BYTES]
+        bias = None if self.bias is None else self.bias[:n].clone()
+        if n % TILE:  # the last tile holds channels past n: repack it without them
+            q = unpack_int8(part, n, self.width)[:, : self.in_features]
+            return BlockInt8Weight.of_rows(q, self.scales[:n], bias)
+        return BlockInt8Weight(part.clone(), self.scales[:n].clone(), bias, self.in_features, n)
 
     @property
     def bias_float(self) -> Tensor | None:

@@ -41,6 +41,8 @@ from warpdecode.decoding.registry import register
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.packed_linear import Linear
+from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
 from warpdecode.models.device import torch_dtype
@@ -114,13 +116,35 @@ def propose_children(logits: Tensor, width: int, sampler: Sampler, replacement: 
     return torch.multinomial(q[0], width, replacement=True, generator=sampler.generator).tolist(), q.expand(width, -1)
 
 
+def truncate_head(draft: Transformer, rows: int) -> None:
+    """Give `draft` (a model the drafter loaded for itself) an LM head of its first `rows` rows: its
+    logits are those of the first `rows` tokens, the same values as before for them."""
+    C = draft.config.d_model
+    held = None if draft.lm_head is None else draft.lm_head.quantized
+    with torch.device("meta"):
+        head = Linear(C, rows, bias=False)
+    if isinstance(held, Int8Weight):
+        head.quantized = held.first_rows(rows)
+        head.weight = nn.Parameter(torch.empty(0, C), requires_grad=False)
+    else:
+        head.weight = nn.Parameter(draft.output_embeddings()[:rows].detach().clone(), requires_grad=False)
+    draft.lm_head = head
+    draft.config = dataclasses.replace(draft.config, tie_embeddings=False)
+
+
 @register("drafter", "draft_model")
 class DraftModelDrafter(Drafter):
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
-                 top_k: int = 1, replacement: bool = True, num_nodes: int | None = None, dtype: str = "fp32") -> None:
+                 top_k: int = 1, replacement: bool = True, num_nodes: int | None = None, dtype: str = "fp32",
+                 vocab: int | None = None) -> None:
         """Args:
         model: a draft model directory or name sharing the target's tokenizer.
+        vocab: score only the first `vocab` token ids: the draft's LM head keeps those rows alone
+            (FR-Spec's frequency-ranked draft vocabulary; a byte-level BPE vocabulary numbers its
+            tokens in merge order, so its first ids are its frequent ones). A token past them is never
+            drafted, and the target still decides every token (lossless). Large vocabularies make the
+            head a large share of a small draft: Qwen2.5's 152k rows are 136M of the 0.5B draft's weights.
         dtype: the precision `model` drafts in, as `--dtype` takes it: fp32, bf16, fp16, q8, q4 or
             native (a GGUF's own quantised weights; the draft's bytes read per step, not the output,
             depend on it: verification keeps the method lossless).
@@ -139,7 +163,9 @@ class DraftModelDrafter(Drafter):
             raise ConfigError(f"draft_model dtype: {str(error).removeprefix('--dtype ')}") from None
         if layers is not None and dtype != "fp32":
             raise ConfigError("draft_model dtype= is the precision of model=; layers= drafts with the target's own weights")
-        self.model_source, self.layers, self.dtype = model, layers, dtype
+        if vocab is not None and (layers is not None or vocab < 1):
+            raise ConfigError("draft_model vocab= must be >= 1 and needs model= (layers= shares the target's own head)")
+        self.model_source, self.layers, self.dtype, self.vocab = model, layers, dtype, vocab
         self.init_drafting(num_tokens, top_k, replacement, num_nodes)
 
     def init_drafting(self, num_tokens: int, top_k: int, replacement: bool = True, num_nodes: int | None = None) -> None:
@@ -172,8 +198,11 @@ class DraftModelDrafter(Drafter):
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "
                               f"{target.config.vocab_size}: draft and target must share a tokenizer")
-        if self.top_k > target.config.vocab_size:
-            raise ConfigError(f"draft_model top_k {self.top_k} exceeds the vocabulary of {target.config.vocab_size}")
+        if self.top_k > min(target.config.vocab_size, self.vocab or target.config.vocab_size):
+            raise ConfigError(f"draft_model top_k {self.top_k} exceeds the draft vocabulary of "
+                              f"{min(target.config.vocab_size, self.vocab or target.config.vocab_size)}")
+        if self.vocab is not None and self.vocab < self.draft.config.vocab_size and self.draft_rows() > self.vocab:
+            truncate_head(self.draft, self.vocab)
         self.draft.pack_for_cpu_inference()
 
     def start(self, state: DecodeState) -> None:
@@ -195,11 +224,28 @@ class DraftModelDrafter(Drafter):
         full, rest = divmod(min(budget, self.top_k * self.num_tokens), self.top_k)
         return [self.top_k] * full + ([rest] if rest else [])
 
+    vocab: int | None = None
+    """Draft token ids below this only (`vocab=`); None: the whole vocabulary."""
+
+    def draft_rows(self) -> int:
+        """The rows of the draft's LM head."""
+        assert self.draft is not None
+        head = self.draft.lm_head
+        held = None if head is None else head.quantized
+        return held.out_features if isinstance(held, Int8Weight) else self.draft.output_embeddings().shape[0]
+
     def run_draft(self, tokens: list[int]) -> Tensor:
-        """Feed `tokens` to the draft after its cached positions; (1, V) logits after the last one."""
+        """Feed `tokens` to the draft after its cached positions; (1, V) logits after the last one
+        (-inf past a `vocab=` head's rows)."""
         assert self.draft is not None and self.cache is not None
         inputs = torch.tensor([tokens], device=self.draft.embed.weight.device)
-        return self.draft(inputs, cache=self.cache, logits_slice=slice(-1, None)).logits[0]
+        logits = self.draft(inputs, cache=self.cache, logits_slice=slice(-1, None)).logits[0]  # (1, V or vocab)
+        V = self.draft.config.vocab_size
+        if logits.shape[-1] == V:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], V), float("-inf"))
+        full[..., : logits.shape[-1]] = logits
+        return full
 
     def expand(self, path: list[int]) -> Tensor:
         """(V,) draft logits after `path` (draft tokens below the pending token): the cache keeps
