@@ -29,7 +29,7 @@
 
 #define TILE 16  /* output channels per tile */
 #define BLOCK 32 /* inputs per block */
-#define ROWS 4   /* activation rows per pass over a tile */
+#define ROWS 8   /* activation rows per pass over a tile */
 #define INT4_BLOCK_BYTES (TILE * BLOCK / 2 + 2 * TILE * 2) /* nibbles, fp16 d[16], fp16 m[16] */
 #define INT8_BLOCK_BYTES (TILE * BLOCK)                   /* u8 */
 
@@ -98,42 +98,74 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t x_stride
         (isum)[j] = s;                                           \
     }
 
+/* Rows of the next pass over a tile when `left` remain: passes of at most ROWS, as even as possible
+ * (7 rows: 4 + 3, not 6 + 1; a pass costs about its widest row count). */
+static inline int64_t pass_rows(int64_t left) {
+    int64_t passes = (left + ROWS - 1) / ROWS;
+    return (left + passes - 1) / passes;
+}
+
+#if BLOCK_SIMD
+/* One pass of NR activation rows over a tile (NR a constant at each call: the rows' accumulators
+ * stay in registers). */
+static inline __attribute__((always_inline)) void int4_pass(const uint8_t *tile, int64_t nb, const int8_t *xq,
+                                                            const float *dx, const float *sx, int64_t K, int64_t r0,
+                                                            const int NR, float *y, int64_t y_stride, int64_t valid) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512 acc[ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * INT4_BLOCK_BYTES;
+        __m512i w[8];
+        for (int t = 0; t < 4; t++) {
+            __m512i p = _mm512_loadu_si512((const void *)(blk + 64 * t));
+            w[t] = _mm512_and_si512(p, low);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 256)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 288)));
+        /* integer sums: two chains per row when few rows run (latency), one when many (registers) */
+        __m512i s0[ROWS], s1[ROWS];
+        for (int r = 0; r < NR; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+        for (int g = 0; g < 8; g += 2) {
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
+                s0[r] = _mm512_dpbusd_epi32(s0[r], w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
+                if (NR <= 2)
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
+                else
+                    s0[r] = _mm512_dpbusd_epi32(s0[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            __m512 isum = _mm512_cvtepi32_ps(NR <= 2 ? _mm512_add_epi32(s0[r], s1[r]) : s0[r]);
+            __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[(r0 + r) * nb + b]));
+            acc[r] = _mm512_fmadd_ps(isum, dd, acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(r0 + r) * nb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        float out[TILE];
+        _mm512_storeu_ps(out, acc[r]);
+        memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+    }
+}
+#endif
+
 static void int4_tile(const uint8_t *tile, int64_t nb, const int8_t *xq, const float *dx, const float *sx,
                       int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
 #if BLOCK_SIMD
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-        int64_t nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-        __m512 acc[ROWS];
-        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * INT4_BLOCK_BYTES;
-            __m512i w[8];
-            for (int t = 0; t < 4; t++) {
-                __m512i p = _mm512_loadu_si512((const void *)(blk + 64 * t));
-                w[t] = _mm512_and_si512(p, low);
-                w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-            }
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 256)));
-            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 288)));
-            for (int64_t r = 0; r < nr; r++) {
-                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
-                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-                for (int g = 0; g < 8; g += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
-                    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
-                }
-                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                float dxr = dx[(r0 + r) * nb + b], sxr = sx[(r0 + r) * nb + b];
-                __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dxr));
-                acc[r] = _mm512_fmadd_ps(isum, dd, acc[r]);
-                acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sxr), acc[r]);
-            }
-        }
-        for (int64_t r = 0; r < nr; r++) {
-            float out[TILE];
-            _mm512_storeu_ps(out, acc[r]);
-            memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+    for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
+        nr = pass_rows(rows - r0);
+        switch (nr) {
+            case 1: int4_pass(tile, nb, xq, dx, sx, K, r0, 1, y, y_stride, valid); break;
+            case 2: int4_pass(tile, nb, xq, dx, sx, K, r0, 2, y, y_stride, valid); break;
+            case 3: int4_pass(tile, nb, xq, dx, sx, K, r0, 3, y, y_stride, valid); break;
+            case 4: int4_pass(tile, nb, xq, dx, sx, K, r0, 4, y, y_stride, valid); break;
+            case 5: int4_pass(tile, nb, xq, dx, sx, K, r0, 5, y, y_stride, valid); break;
+            case 6: int4_pass(tile, nb, xq, dx, sx, K, r0, 6, y, y_stride, valid); break;
+            case 7: int4_pass(tile, nb, xq, dx, sx, K, r0, 7, y, y_stride, valid); break;
+            default: int4_pass(tile, nb, xq, dx, sx, K, r0, 8, y, y_stride, valid); break;
         }
     }
 #else
@@ -161,33 +193,60 @@ static void int4_tile(const uint8_t *tile, int64_t nb, const int8_t *xq, const f
 #endif
 }
 
+#if BLOCK_SIMD
+static inline __attribute__((always_inline)) void int8_pass(const uint8_t *tile, const float *scale, int64_t nb,
+                                                            const int8_t *xq, const float *dx, const int32_t *sq,
+                                                            int64_t K, int64_t r0, const int NR, float *y,
+                                                            int64_t y_stride, int64_t valid) {
+    __m512 acc[ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * INT8_BLOCK_BYTES;
+        __m512i w[8];
+        for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 64 * g));
+        __m512i s0[ROWS], s1[ROWS];
+        for (int r = 0; r < NR; r++) {
+            s0[r] = _mm512_set1_epi32(-128 * sq[(r0 + r) * nb + b]);
+            s1[r] = _mm512_setzero_si512();
+        }
+        for (int g = 0; g < 8; g += 2) {
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
+                s0[r] = _mm512_dpbusd_epi32(s0[r], w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
+                if (NR <= 2)
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
+                else
+                    s0[r] = _mm512_dpbusd_epi32(s0[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            __m512 isum = _mm512_cvtepi32_ps(NR <= 2 ? _mm512_add_epi32(s0[r], s1[r]) : s0[r]);
+            acc[r] = _mm512_fmadd_ps(isum, _mm512_set1_ps(dx[(r0 + r) * nb + b]), acc[r]);
+        }
+    }
+    __m512 s = _mm512_loadu_ps(scale);
+    for (int r = 0; r < NR; r++) {
+        float out[TILE];
+        _mm512_storeu_ps(out, _mm512_mul_ps(acc[r], s));
+        memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+    }
+}
+#endif
+
 static void int8_tile(const uint8_t *tile, const float *scale, int64_t nb, const int8_t *xq, const float *dx,
                       const int32_t *sq, int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
 #if BLOCK_SIMD
-    __m512 s = _mm512_loadu_ps(scale);
-    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-        int64_t nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-        __m512 acc[ROWS];
-        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * INT8_BLOCK_BYTES;
-            __m512i w[8];
-            for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 64 * g));
-            for (int64_t r = 0; r < nr; r++) {
-                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
-                __m512i s0 = _mm512_set1_epi32(-128 * sq[(r0 + r) * nb + b]), s1 = _mm512_setzero_si512();
-                for (int g = 0; g < 8; g += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
-                    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
-                }
-                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                acc[r] = _mm512_fmadd_ps(isum, _mm512_set1_ps(dx[(r0 + r) * nb + b]), acc[r]);
-            }
-        }
-        for (int64_t r = 0; r < nr; r++) {
-            float out[TILE];
-            _mm512_storeu_ps(out, _mm512_mul_ps(acc[r], s));
-            memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+    for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
+        nr = pass_rows(rows - r0);
+        switch (nr) {
+            case 1: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 1, y, y_stride, valid); break;
+            case 2: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 2, y, y_stride, valid); break;
+            case 3: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 3, y, y_stride, valid); break;
+            case 4: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 4, y, y_stride, valid); break;
+            case 5: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 5, y, y_stride, valid); break;
+            case 6: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 6, y, y_stride, valid); break;
+            case 7: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 7, y, y_stride, valid); break;
+            default: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 8, y, y_stride, valid); break;
         }
     }
 #else
