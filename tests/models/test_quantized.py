@@ -189,3 +189,21 @@ def test_a_quantized_target_verifies_rows_exactly_as_one_token_steps(bits):
         cache = KVCache.for_model(target.config, 1, 200)
         target(ids[:, :150], cache=cache)
         assert torch.equal(target(ids[:, 150:], cache=cache).logits, steps)
+
+
+@needs_int8
+@pytest.mark.parametrize("impl", IMPLS)
+def test_int8_weights_stack_part_by_part(impl):
+    """Parts quantised alone and stacked (as the GGUF head is made, a slice at a time) are the weight
+    quantised whole; a part of rows that are not whole 16-channel tiles may only come last."""
+    weight = torch.randn(37, 40)
+    whole = Int8Weight.of(weight, impl=impl)
+    stacked = Int8Weight.stacked((Int8Weight.of(weight[lo : lo + 16], impl=impl) for lo in (0, 16, 32)), 37)
+    x = torch.randn(3, 40)
+    assert type(stacked) is type(whole) and torch.equal(stacked(x), whole(x))
+    assert torch.equal(stacked.dequantized(), whole.dequantized())
+    with pytest.raises(ValueError, match="36 rows, not 37"):
+        Int8Weight.stacked([Int8Weight.of(weight[:16], impl=impl), Int8Weight.of(weight[16:36], impl=impl)], 37)
+    if impl == "native":
+        with pytest.raises(ValueError, match="only the last"):
+            Int8Weight.stacked([Int8Weight.of(weight[:8], impl=impl), Int8Weight.of(weight[8:], impl=impl)], 37)

@@ -25,7 +25,9 @@ dequantised reference. `models/quantized.py` builds quantised copies of a model 
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,12 +118,14 @@ class Int8Weight(ABC):
         return TorchInt8Weight.of_rows(q, scales, bias)
 
     @staticmethod
-    def stacked(parts: list[Int8Weight]) -> Int8Weight:
-        """The weight of `parts`' rows one after another (each part quantised alone, same kernel)."""
-        first = parts[0]
-        if not all(type(p) is type(first) and p.in_features == first.in_features for p in parts):
-            raise ValueError("stacked int8 weights need the same kernel and inputs")
-        return type(first).stack(parts)  # type: ignore[attr-defined]
+    def stacked(parts: Iterable[Int8Weight], rows: int) -> Int8Weight:
+        """The weight of `parts`' rows one after another (each part quantised alone with the same kernel,
+        `rows` in all), copied into place one part at a time: a caller that makes the parts lazily
+        never holds more than one part beside the result. Every part but the last has a multiple of
+        16 rows."""
+        it = iter(parts)
+        first = next(it)
+        return type(first).stack(itertools.chain([first], it), rows)  # type: ignore[attr-defined]
 
     @abstractmethod
     def dequantized(self) -> Tensor:
@@ -158,10 +162,23 @@ class TorchInt8Weight(Int8Weight):
         return cls(padded.contiguous(), scales.to(ACTIVATION_DTYPE), b, q.shape[1])
 
     @classmethod
-    def stack(cls, parts: list[TorchInt8Weight]) -> TorchInt8Weight:
-        bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
-        return cls(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), bias,
-                   parts[0].in_features)
+    def stack(cls, parts: Iterator[TorchInt8Weight], rows: int) -> TorchInt8Weight:
+        first = next(parts)
+        q = first.qweight.new_empty(rows, first.qweight.shape[1])
+        scales = first.scales.new_empty(rows)
+        bias = None if first.bias is None else first.bias.new_empty(rows)
+        at = 0
+        for part in itertools.chain([first], parts):
+            if part.in_features != first.in_features or (part.bias is None) != (bias is None):
+                raise ValueError("stacked int8 weights need the same inputs and bias")
+            n = part.qweight.shape[0]
+            q[at : at + n], scales[at : at + n] = part.qweight, part.scales
+            if bias is not None and part.bias is not None:
+                bias[at : at + n] = part.bias
+            at += n
+        if at != rows:
+            raise ValueError(f"stacked int8 parts hold {at} rows, not {rows}")
+        return cls(q, scales, bias, first.in_features)
 
     def dequantized(self) -> Tensor:
         return self.qweight[:, : self.in_features].float() * self.scales.float()[:, None]
@@ -204,15 +221,27 @@ class BlockInt8Weight(Int8Weight):
         return cls(blocks, F.pad(scales.float(), (0, -n % TILE)).contiguous(), _float_bias(bias), q.shape[1], n)
 
     @classmethod
-    def stack(cls, parts: list[BlockInt8Weight]) -> BlockInt8Weight:
-        if any(p.out_features % TILE for p in parts[:-1]):  # tiles of 16 rows: only a last part may be ragged
-            q = torch.cat([unpack_int8(p.blocks, p.out_features, p.width) for p in parts])
-            scales = torch.cat([p.scales[: p.out_features] for p in parts])
-            bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
-            return cls.of_rows(q[:, : parts[0].in_features], scales, bias)
-        bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
-        return cls(torch.cat([p.blocks for p in parts]), torch.cat([p.scales for p in parts]), bias,
-                   parts[0].in_features, sum(p.out_features for p in parts))
+    def stack(cls, parts: Iterator[BlockInt8Weight], rows: int) -> BlockInt8Weight:
+        first = next(parts)
+        tile_bytes = first.width // BLOCK * INT8_BLOCK_BYTES
+        blocks = first.blocks.new_empty(-(-rows // TILE) * tile_bytes)
+        scales = first.scales.new_zeros(rows + -rows % TILE)
+        bias = None if first.bias is None else first.bias.new_empty(rows)
+        at = 0
+        for part in itertools.chain([first], parts):
+            if part.in_features != first.in_features or (part.bias is None) != (bias is None):
+                raise ValueError("stacked int8 weights need the same inputs and bias")
+            if at % TILE:
+                raise ValueError("only the last stacked int8 part may have rows that are not a multiple of 16")
+            n = part.out_features
+            blocks[at // TILE * tile_bytes : at // TILE * tile_bytes + part.blocks.numel()] = part.blocks
+            scales[at : at + n] = part.scales[:n]
+            if bias is not None and part.bias is not None:
+                bias[at : at + n] = part.bias
+            at += n
+        if at != rows:
+            raise ValueError(f"stacked int8 parts hold {at} rows, not {rows}")
+        return cls(blocks, scales, bias, first.in_features, rows)
 
     @property
     def width(self) -> int:

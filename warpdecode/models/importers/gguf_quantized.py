@@ -180,9 +180,9 @@ def _quantized(parts: list[tuple[Tensor, Tensor, Tensor] | Tensor], bias: Tensor
 def _int8_in_slices(table: GgufEmbedding) -> Int8Weight:
     """The per-channel int8 copy of a GGUF (V, C) table, `HEAD_ROWS_PER_SLICE` dequantised rows at a
     time (per-channel quantisation treats every row alone, so the slices give the whole's result)."""
-    parts = [Int8Weight.of(table.dense_rows(torch.arange(lo, min(lo + HEAD_ROWS_PER_SLICE, table.num_embeddings))))
-             for lo in range(0, table.num_embeddings, HEAD_ROWS_PER_SLICE)]
-    return Int8Weight.stacked(parts)
+    parts = (Int8Weight.of(table.dense_rows(torch.arange(lo, min(lo + HEAD_ROWS_PER_SLICE, table.num_embeddings))))
+             for lo in range(0, table.num_embeddings, HEAD_ROWS_PER_SLICE))  # made one at a time, as stacked
+    return Int8Weight.stacked(parts, table.num_embeddings)
 
 
 def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
