@@ -29,7 +29,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,25 @@ def _finish(y: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
 
 
+W8 = TypeVar("W8", bound="Int8Weight")
+
+
+def _placed(first: W8, rest: Iterator[W8], rows: int, tile: int) -> Iterator[tuple[int, W8]]:
+    """`first` and `rest` with the row each starts at, checked as they come: the same inputs and
+    bias presence, a multiple of `tile` rows before every part, `rows` rows in all."""
+    at = 0
+    for part in itertools.chain([first], rest):
+        if part.in_features != first.in_features or (getattr(part, "bias", None) is None) != (
+                getattr(first, "bias", None) is None):
+            raise ValueError("stacked int8 weights need the same inputs and bias")
+        if at % tile:
+            raise ValueError(f"only the last stacked int8 part may have rows that are not a multiple of {tile}")
+        yield at, part
+        at += part.out_features
+    if at != rows:
+        raise ValueError(f"stacked int8 parts hold {at} rows, not {rows}")
+
+
 class Int8Weight(ABC):
     """Per-output-channel symmetric int8 weight `(out, in)`: `w ≈ q * scale`, q in [-127, 127]."""
 
@@ -167,17 +186,11 @@ class TorchInt8Weight(Int8Weight):
         q = first.qweight.new_empty(rows, first.qweight.shape[1])
         scales = first.scales.new_empty(rows)
         bias = None if first.bias is None else first.bias.new_empty(rows)
-        at = 0
-        for part in itertools.chain([first], parts):
-            if part.in_features != first.in_features or (part.bias is None) != (bias is None):
-                raise ValueError("stacked int8 weights need the same inputs and bias")
-            n = part.qweight.shape[0]
+        for at, part in _placed(first, parts, rows, 1):
+            n = part.out_features
             q[at : at + n], scales[at : at + n] = part.qweight, part.scales
             if bias is not None and part.bias is not None:
                 bias[at : at + n] = part.bias
-            at += n
-        if at != rows:
-            raise ValueError(f"stacked int8 parts hold {at} rows, not {rows}")
         return cls(q, scales, bias, first.in_features)
 
     def dequantized(self) -> Tensor:
@@ -227,20 +240,12 @@ class BlockInt8Weight(Int8Weight):
         blocks = first.blocks.new_empty(-(-rows // TILE) * tile_bytes)
         scales = first.scales.new_zeros(rows + -rows % TILE)
         bias = None if first.bias is None else first.bias.new_empty(rows)
-        at = 0
-        for part in itertools.chain([first], parts):
-            if part.in_features != first.in_features or (part.bias is None) != (bias is None):
-                raise ValueError("stacked int8 weights need the same inputs and bias")
-            if at % TILE:
-                raise ValueError("only the last stacked int8 part may have rows that are not a multiple of 16")
+        for at, part in _placed(first, parts, rows, TILE):
             n = part.out_features
             blocks[at // TILE * tile_bytes : at // TILE * tile_bytes + part.blocks.numel()] = part.blocks
             scales[at : at + n] = part.scales[:n]
             if bias is not None and part.bias is not None:
                 bias[at : at + n] = part.bias
-            at += n
-        if at != rows:
-            raise ValueError(f"stacked int8 parts hold {at} rows, not {rows}")
         return cls(blocks, scales, bias, first.in_features, rows)
 
     @property

@@ -105,7 +105,45 @@ static inline int64_t pass_rows(int64_t left) {
     return (left + passes - 1) / passes;
 }
 
+/* Passes of `rows` activation rows over a tile, each a call PASS(NR) with NR a constant (1 to ROWS):
+ * the pass function is inlined once per row count, its accumulators in registers. */
+#define FOR_PASSES(rows, PASS)                                          \
+    for (int64_t r0 = 0, nr; r0 < (rows); r0 += nr) {                   \
+        nr = pass_rows((rows) - r0);                                    \
+        switch (nr) {                                                   \
+            case 1: PASS(1); break;                                     \
+            case 2: PASS(2); break;                                     \
+            case 3: PASS(3); break;                                     \
+            case 4: PASS(4); break;                                     \
+            case 5: PASS(5); break;                                     \
+            case 6: PASS(6); break;                                     \
+            case 7: PASS(7); break;                                     \
+            default: PASS(8); break;                                    \
+        }                                                               \
+    }
+
 #if BLOCK_SIMD
+/* s[r] += the block's integer dot products of the 16 channels' weights `w` (8 groups of 4 inputs) with
+ * activation row r (xb + r * K). Two chains per row when few rows run (latency), one when many
+ * (registers); integer sums are exact in any order. */
+static inline __attribute__((always_inline)) void block_sums(const __m512i w[8], const int8_t *xb, int64_t K,
+                                                             const int NR, __m512i s[]) {
+    __m512i s1[ROWS];
+    for (int r = 0; r < NR; r++) s1[r] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g += 2) {
+        for (int r = 0; r < NR; r++) {
+            const int8_t *x = xb + r * K + 4 * g;
+            s[r] = _mm512_dpbusd_epi32(s[r], w[g], _mm512_set1_epi32(load_i32(x)));
+            if (NR <= 2)
+                s1[r] = _mm512_dpbusd_epi32(s1[r], w[g + 1], _mm512_set1_epi32(load_i32(x + 4)));
+            else
+                s[r] = _mm512_dpbusd_epi32(s[r], w[g + 1], _mm512_set1_epi32(load_i32(x + 4)));
+        }
+    }
+    if (NR <= 2)
+        for (int r = 0; r < NR; r++) s[r] = _mm512_add_epi32(s[r], s1[r]);
+}
+
 /* One pass of NR activation rows over a tile (NR a constant at each call: the rows' accumulators
  * stay in registers). */
 static inline __attribute__((always_inline)) void int4_pass(const uint8_t *tile, int64_t nb, const int8_t *xq,
@@ -124,21 +162,11 @@ static inline __attribute__((always_inline)) void int4_pass(const uint8_t *tile,
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 256)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(blk + 288)));
-        /* integer sums: two chains per row when few rows run (latency), one when many (registers) */
-        __m512i s0[ROWS], s1[ROWS];
-        for (int r = 0; r < NR; r++) s0[r] = s1[r] = _mm512_setzero_si512();
-        for (int g = 0; g < 8; g += 2) {
-            for (int r = 0; r < NR; r++) {
-                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
-                s0[r] = _mm512_dpbusd_epi32(s0[r], w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
-                if (NR <= 2)
-                    s1[r] = _mm512_dpbusd_epi32(s1[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
-                else
-                    s0[r] = _mm512_dpbusd_epi32(s0[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
-            }
-        }
+        __m512i s[ROWS];
+        for (int r = 0; r < NR; r++) s[r] = _mm512_setzero_si512();
+        block_sums(w, xq + r0 * K + b * BLOCK, K, NR, s);
         for (int r = 0; r < NR; r++) {
-            __m512 isum = _mm512_cvtepi32_ps(NR <= 2 ? _mm512_add_epi32(s0[r], s1[r]) : s0[r]);
+            __m512 isum = _mm512_cvtepi32_ps(s[r]);
             __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[(r0 + r) * nb + b]));
             acc[r] = _mm512_fmadd_ps(isum, dd, acc[r]);
             acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(r0 + r) * nb + b]), acc[r]);
@@ -155,19 +183,9 @@ static inline __attribute__((always_inline)) void int4_pass(const uint8_t *tile,
 static void int4_tile(const uint8_t *tile, int64_t nb, const int8_t *xq, const float *dx, const float *sx,
                       int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
 #if BLOCK_SIMD
-    for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
-        nr = pass_rows(rows - r0);
-        switch (nr) {
-            case 1: int4_pass(tile, nb, xq, dx, sx, K, r0, 1, y, y_stride, valid); break;
-            case 2: int4_pass(tile, nb, xq, dx, sx, K, r0, 2, y, y_stride, valid); break;
-            case 3: int4_pass(tile, nb, xq, dx, sx, K, r0, 3, y, y_stride, valid); break;
-            case 4: int4_pass(tile, nb, xq, dx, sx, K, r0, 4, y, y_stride, valid); break;
-            case 5: int4_pass(tile, nb, xq, dx, sx, K, r0, 5, y, y_stride, valid); break;
-            case 6: int4_pass(tile, nb, xq, dx, sx, K, r0, 6, y, y_stride, valid); break;
-            case 7: int4_pass(tile, nb, xq, dx, sx, K, r0, 7, y, y_stride, valid); break;
-            default: int4_pass(tile, nb, xq, dx, sx, K, r0, 8, y, y_stride, valid); break;
-        }
-    }
+#define INT4_PASS(NR) int4_pass(tile, nb, xq, dx, sx, K, r0, NR, y, y_stride, valid)
+    FOR_PASSES(rows, INT4_PASS)
+#undef INT4_PASS
 #else
     for (int64_t r = 0; r < rows; r++) {
         float acc[TILE] = {0};
@@ -204,23 +222,11 @@ static inline __attribute__((always_inline)) void int8_pass(const uint8_t *tile,
         const uint8_t *blk = tile + b * INT8_BLOCK_BYTES;
         __m512i w[8];
         for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 64 * g));
-        __m512i s0[ROWS], s1[ROWS];
+        __m512i s[ROWS];
+        for (int r = 0; r < NR; r++) s[r] = _mm512_set1_epi32(-128 * sq[(r0 + r) * nb + b]);
+        block_sums(w, xq + r0 * K + b * BLOCK, K, NR, s);
         for (int r = 0; r < NR; r++) {
-            s0[r] = _mm512_set1_epi32(-128 * sq[(r0 + r) * nb + b]);
-            s1[r] = _mm512_setzero_si512();
-        }
-        for (int g = 0; g < 8; g += 2) {
-            for (int r = 0; r < NR; r++) {
-                const int8_t *xb = xq + (r0 + r) * K + b * BLOCK;
-                s0[r] = _mm512_dpbusd_epi32(s0[r], w[g], _mm512_set1_epi32(load_i32(xb + 4 * g)));
-                if (NR <= 2)
-                    s1[r] = _mm512_dpbusd_epi32(s1[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
-                else
-                    s0[r] = _mm512_dpbusd_epi32(s0[r], w[g + 1], _mm512_set1_epi32(load_i32(xb + 4 * g + 4)));
-            }
-        }
-        for (int r = 0; r < NR; r++) {
-            __m512 isum = _mm512_cvtepi32_ps(NR <= 2 ? _mm512_add_epi32(s0[r], s1[r]) : s0[r]);
+            __m512 isum = _mm512_cvtepi32_ps(s[r]);
             acc[r] = _mm512_fmadd_ps(isum, _mm512_set1_ps(dx[(r0 + r) * nb + b]), acc[r]);
         }
     }
@@ -236,19 +242,9 @@ static inline __attribute__((always_inline)) void int8_pass(const uint8_t *tile,
 static void int8_tile(const uint8_t *tile, const float *scale, int64_t nb, const int8_t *xq, const float *dx,
                       const int32_t *sq, int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
 #if BLOCK_SIMD
-    for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
-        nr = pass_rows(rows - r0);
-        switch (nr) {
-            case 1: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 1, y, y_stride, valid); break;
-            case 2: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 2, y, y_stride, valid); break;
-            case 3: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 3, y, y_stride, valid); break;
-            case 4: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 4, y, y_stride, valid); break;
-            case 5: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 5, y, y_stride, valid); break;
-            case 6: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 6, y, y_stride, valid); break;
-            case 7: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 7, y, y_stride, valid); break;
-            default: int8_pass(tile, scale, nb, xq, dx, sq, K, r0, 8, y, y_stride, valid); break;
-        }
-    }
+#define INT8_PASS(NR) int8_pass(tile, scale, nb, xq, dx, sq, K, r0, NR, y, y_stride, valid)
+    FOR_PASSES(rows, INT8_PASS)
+#undef INT8_PASS
 #else
     for (int64_t r = 0; r < rows; r++) {
         float acc[TILE] = {0};
