@@ -42,8 +42,8 @@ pair: $(STAMP)
 # draft_model 0.5B -> 1.5B against plain 1.5B, 2 threads, on two Spec-Bench prompts (the first conversion of each
 # model takes a few minutes and is cached in $$WARPDECODE_CACHE).
 bench-pair: pair
-	$(PY) -m warpdecode.cli bench --model qwen2.5-coder-1.5b-instruct \
-		--methods none,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4 \
+	$(PY) -m warpdecode.cli bench --model qwen2.5-coder-1.5b-instruct --dtype native \
+		--methods none,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4:dtype=native,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4:dtype=native:vocab=32768 \
 		--prompts spec_bench --categories coding,math_reasoning --limit 1 --max-new-tokens 64 \
 		--threads 2 --peers none --out runs/bench-pair
 
