@@ -53,7 +53,7 @@ def quantized_copy(model: Transformer, bits: Bits = 8) -> Transformer:
         raise CapabilityError(f"an int{bits} copy of an int{held_bits} model would read more weight bytes than "
                               "the model itself")
     if next(model.parameters()).device.type != "cpu":
-        raise CapabilityError(f"int{bits} weight-only weights run on CPU only (torch's CPU weight-only kernels)")
+        raise CapabilityError(f"int{bits} weight-only weights run on CPU only (the native block matmul or torch's CPU kernels)")
     for needed in {bits, 8}:
         if not quantized_available(needed):
             raise CapabilityError(f"this torch build has no CPU int{needed} weight-only matmul")

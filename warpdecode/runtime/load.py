@@ -84,7 +84,7 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
                               f"`warpdecode export`); --model runs on {' or '.join(MODEL_BACKENDS)}")
         source, bits = DEFAULT_MODEL if model is None else model, weight_bits(dtype)
         if (bits is not None or dtype == NATIVE) and (CUDA_GRAPHS in backends or torch_device(device).type != "cpu"):
-            raise CapabilityError(f"--dtype {dtype} runs on the CPU (torch's weight-only kernels), not on {device} "
+            raise CapabilityError(f"--dtype {dtype} runs on the CPU (its weight-only kernels are CPU kernels), not on {device} "
                                   f"or --backend {CUDA_GRAPHS}")
         if is_random(source):
             if dtype == NATIVE:
