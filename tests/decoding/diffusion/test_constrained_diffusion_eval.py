@@ -11,11 +11,9 @@ from types import ModuleType
 import pytest
 import torch
 
-from warpdecode.data.parallel_tasks import ALPHABET, EVAL_SEED, TASKS, TaskExample, example
+from warpdecode.data.parallel_tasks import EVAL_SEED, TASKS, TaskExample, example
 from warpdecode.decoding.constraints.formats import compile_response_format
-from warpdecode.models.config import ModelConfig
-from warpdecode.models.tokenizer import char_tokenizer
-from warpdecode.models.transformer import Transformer
+from warpdecode.models.checkpoint import load_pretrained
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "constrained_diffusion_eval.py"
 
@@ -31,14 +29,9 @@ def script() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def dlm():
-    """An untrained masked diffusion LM over the task alphabet (peaked random weights)."""
-    tokenizer = char_tokenizer(ALPHABET)
-    torch.manual_seed(2)
-    model = Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64,
-                                    max_seq_len=64, causal=False, mask_token_id=tokenizer.backend.token_to_id("<|mask|>"),
-                                    eos_token_ids=[0]))
-    model.init_weights(std=0.6)
+def dlm(dlm_dir):
+    """The session's untrained masked diffusion LM over the task alphabet (conftest `dlm_dir`)."""
+    model, tokenizer = load_pretrained(dlm_dir)
     return model.eval(), tokenizer
 
 
