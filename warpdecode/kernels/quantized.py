@@ -29,7 +29,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -108,8 +108,7 @@ def _placed(first: W8, rest: Iterator[W8], rows: int, tile: int) -> Iterator[tup
     bias presence, a multiple of `tile` rows before every part, `rows` rows in all."""
     at = 0
     for part in itertools.chain([first], rest):
-        if part.in_features != first.in_features or (getattr(part, "bias", None) is None) != (
-                getattr(first, "bias", None) is None):
+        if part.in_features != first.in_features or (part.bias is None) != (first.bias is None):
             raise ValueError("stacked int8 weights need the same inputs and bias")
         if at % tile:
             raise ValueError(f"only the last stacked int8 part may have rows that are not a multiple of {tile}")
@@ -124,6 +123,7 @@ class Int8Weight(ABC):
 
     in_features: int
     out_features: int
+    bias: Tensor | None
 
     @staticmethod
     def of(weight: Tensor, bias: Tensor | None = None, *, impl: QuantImpl = "auto") -> Int8Weight:
@@ -144,7 +144,12 @@ class Int8Weight(ABC):
         16 rows."""
         it = iter(parts)
         first = next(it)
-        return type(first).stack(itertools.chain([first], it), rows)  # type: ignore[attr-defined]
+        return type(first).stack(itertools.chain([first], it), rows)
+
+    @classmethod
+    @abstractmethod
+    def stack(cls, parts: Iterator[Any], rows: int) -> Int8Weight:
+        """`stacked` for parts of this kernel (`parts` non-empty)."""
 
     @abstractmethod
     def dequantized(self) -> Tensor:
@@ -306,7 +311,7 @@ class Int4Weight(ABC):
         """
         if resolve_quant_impl(impl) == "native":
             return BlockInt4Weight(pack_int4(q, scale, low), _float_bias(bias), in_features, q.shape[0], q.shape[1])
-        return TorchInt4Weight.of_groups(q, scale, low, bias, in_features)
+        return TorchInt4Weight.from_groups(q, scale, low, bias, in_features)
 
     @abstractmethod
     def __call__(self, x: Tensor) -> Tensor:
@@ -324,8 +329,9 @@ class TorchInt4Weight(Int4Weight):
     out_features: int
 
     @classmethod
-    def of_groups(cls, q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None,  # type: ignore[override]
-                  in_features: int) -> TorchInt4Weight:
+    def from_groups(cls, q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None,
+                    in_features: int) -> TorchInt4Weight:
+        """`Int4Weight.of_groups` for torch's kernel."""
         out = q.shape[0]
         pad = -out % INT4_N_MULTIPLE
         q, scale, low = (F.pad(t, (0, 0, 0, pad)) for t in (q.to(torch.int32), scale.float(), low.float()))

@@ -292,19 +292,19 @@ static void run_tiles(void *arg, int64_t task) {
 int block_matmul_f32(const float *x, int64_t M, int64_t K, int64_t x_stride, const uint8_t *packed,
                      const float *scale, int bits, int64_t N, float *y, int nthreads) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
-    int8_t *xq = malloc((size_t)(M * K) + 64);
-    float *dx = malloc((size_t)(M * nb) * sizeof(float) + 64), *sx = malloc((size_t)(M * nb) * sizeof(float) + 64);
-    int32_t *sq = malloc((size_t)(M * nb) * sizeof(int32_t) + 64);
-    if (!xq || !dx || !sx || !sq) {
-        free(xq), free(dx), free(sx), free(sq);
-        return 1;
-    }
+    /* one scratch allocation: per block dx, dx * sum(xq), sum(xq) (4-byte each), then the int8 rows */
+    size_t per_block = (size_t)(M * nb);
+    char *scratch = malloc(per_block * (2 * sizeof(float) + sizeof(int32_t)) + (size_t)(M * K));
+    if (!scratch) return 1;
+    float *dx = (float *)scratch, *sx = dx + per_block;
+    int32_t *sq = (int32_t *)(sx + per_block);
+    int8_t *xq = (int8_t *)(sq + per_block);
     quantize_rows(x, M, K, x_stride, xq, dx, sx, sq);
     job_t job = {packed, scale, dx, sx, xq, sq, y, M, K, N, nb, tiles, 1,
                  bits == 4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES, bits};
     int64_t chunks = nthreads > 1 ? 8 * (int64_t)nthreads : 1; /* a few tasks per thread: late helpers matter less */
     job.per_task = (tiles + chunks - 1) / chunks;
     pool_run(run_tiles, &job, (tiles + job.per_task - 1) / job.per_task, nthreads);
-    free(xq), free(dx), free(sx), free(sq);
+    free(scratch);
     return 0;
 }
