@@ -11,8 +11,8 @@ a tile streams from memory in order. Within a block, group g (inputs 4g..4g+3) o
 bytes 4j..4j+3 of the group's 64 bytes (one 32-bit lane per channel, the layout of `vpdpbusd`).
 
 * int4 block (320 bytes): groups 0-3 in the low nibbles and 4-7 in the high nibbles of 256 bytes,
-  then the 16 channels' fp16 scales `d` and fp16 minima `m` (`w = q * d + m`, q in [0, 15]: GGUF Q4_1,
-  and Q4_K's sub-blocks, exactly).
+  then the 16 channels' fp16 scales `d` and fp16 minima `m` (`w = q * d + m`, q in [0, 15]: GGUF Q4_1's
+  blocks exactly).
 * int8 block (512 bytes): `u = q + 128` (q in [-127, 127]), with one float32 scale per channel
   (`w = q * s`).
 
