@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
+from warpdecode.kernels.decoder_stack import DecoderStack, StackImpl, StackLayer
 from warpdecode.kernels.exact_attention import Visibility, exact_attention, resolve_exact_impl
 from warpdecode.kernels.invariance import is_batch_invariant, ragged_rows
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
@@ -283,6 +284,12 @@ class Transformer(nn.Module):
     supports_continuous_batching: ClassVar[bool] = True
     inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
     _head_packed: PackedWeight | None = None  # packed tied LM head, see `pack_for_cpu_inference`
+    stack_impl: StackImpl = "auto"
+    """How the decode and verify steps of a block-quantised target run its layers: `native`, one call of
+    `kernels/decoder_stack.py` per forward; `torch`, the layers below (the reference); `auto`, native
+    where it runs. The choice holds for every such step (the two round differently), so set it before
+    decoding starts."""
+    _stack: tuple[nn.ModuleList, DecoderStack | str] | None = None  # (the blocks it was built from, the stack or why none)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -462,15 +469,67 @@ class Transformer(nn.Module):
             x = x[:, logits_slice]
         return BackboneOutput(logits=self.head(x), hidden_states=hidden)
 
+    def native_stack(self) -> DecoderStack | str:
+        """This model's layers as `kernels/decoder_stack.py` runs them, or why they cannot run there (one line)."""
+        if self._stack is None or self._stack[0] is not self.blocks:
+            self._stack = (self.blocks, self._build_stack())
+        return self._stack[1]
+
+    def _build_stack(self) -> DecoderStack | str:
+        config = self.config
+        if (config.norm, config.mlp, config.position) != ("rmsnorm", "swiglu", "rope"):
+            return "the native stack runs Llama-family layers (RMSNorm, SwiGLU, rotary positions)"
+        layers = []
+        for block in self.blocks:
+            attn, mlp = cast(Block, block).attn, cast(Block, block).mlp
+            weights = (attn.qkv.quantized, attn.o_proj.quantized, mlp.gate_up.quantized, mlp.down_proj.quantized)
+            if any(w is None for w in weights):
+                return "the native stack runs quantised targets"
+            norms = (cast(Block, block).attn_norm.weight, cast(Block, block).mlp_norm.weight)
+            layers.append(StackLayer(norms[0].detach(), norms[1].detach(), *weights))  # type: ignore[arg-type]
+        return DecoderStack.of(layers, config.n_head, config.kv_head_count, config.head_width, config.norm_eps)
+
+    def _stack_for(self, x: Tensor, ctx: LayerContext, layer_gates: Tensor | None) -> DecoderStack | None:
+        """The native stack when this forward runs on it: a decode or verify step (the forwards whose attention
+        runs row by row, `Attention.row_by_row`, or all cached forwards inside `batch_invariant()`) of a
+        model it can run, unless `stack_impl` is torch."""
+        if self.stack_impl == "torch" or self.weight_bits is None:
+            return None
+        B, T, _ = x.shape
+        step = (ctx.cache is not None and ctx.plan is not None and ctx.slots is None and ctx.rope is not None
+                and layer_gates is None and x.dtype == torch.float32 and x.device.type == "cpu"
+                and (is_batch_invariant() or (B == 1 and T <= ROW_BY_ROW_MAX
+                                              and cast(Block, self.blocks[0]).attn.row_by_row)))
+        stack = self.native_stack() if step else None
+        if self.stack_impl == "native" and not isinstance(stack, DecoderStack):
+            raise ValueError(f"the native decoder stack cannot run this forward: {stack or 'not a decode or verify step'}")
+        return stack if isinstance(stack, DecoderStack) else None
+
     def _blocks(self, x: Tensor, ctx: LayerContext, wanted: set[int],
                 layer_gates: Tensor | None = None) -> tuple[Tensor, dict[int, Tensor]]:
         """Every block and the final norm over (B, T, C) inputs: the normed output and the wanted hidden states."""
         hidden: dict[int, Tensor] = {}
+        stack = self._stack_for(x, ctx, layer_gates)
+        if stack is not None:
+            assert ctx.cache is not None and ctx.plan is not None and ctx.rope is not None
+            B, T, _ = x.shape
+            visible = ctx.visible(B, T, ctx.plan.used)
+            cuts = [0, *sorted(i for i in wanted if 0 < i < len(self.blocks)), len(self.blocks)]
+            if 0 in wanted:
+                hidden[0] = x
+            for a, b in zip(cuts, cuts[1:]):
+                x = stack(x, a, b, *ctx.rope, ctx.cache.k, ctx.cache.v, ctx.plan.start, visible)
+                if b in wanted and b < len(self.blocks):
+                    hidden[b] = x
+            return self._final_norm(x, wanted, hidden)
         for i, block in enumerate(self.blocks):
             if i in wanted:
                 hidden[i] = x
             out = block(x, ctx, i)
             x = out if layer_gates is None else x + layer_gates[:, i, None, None].to(x.dtype) * (out - x)
+        return self._final_norm(x, wanted, hidden)
+
+    def _final_norm(self, x: Tensor, wanted: set[int], hidden: dict[int, Tensor]) -> tuple[Tensor, dict[int, Tensor]]:
         x = self.norm(x)
         if self.config.n_layer in wanted:
             hidden[self.config.n_layer] = x

@@ -15,26 +15,9 @@
 
 #include <stdatomic.h>
 
+#include "kernels.h"
 #include "pool.h"
-
-#define LANES 16
-typedef float v16 __attribute__((vector_size(LANES * sizeof(float))));
-
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* The 16 lanes summed in a fixed pairwise order: lane i += lane i + 8, then i + 4, i + 2, i + 1. */
-typedef int32_t i16v __attribute__((vector_size(LANES * sizeof(int32_t))));
-static inline float reduce16(v16 a) {
-    a += __builtin_shuffle(a, (i16v){8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
-    a += __builtin_shuffle(a, (i16v){4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
-    a += __builtin_shuffle(a, (i16v){2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
-    a += __builtin_shuffle(a, (i16v){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
-    return a[0];
-}
+#include "vec.h"
 
 /* Dot products of `a` (n floats) with four rows: per row, LANES partial sums over d (lane l takes
  * d = l, l + 16, ...), then reduce16. Every key's score goes through this one function (a short
@@ -121,6 +104,7 @@ typedef struct {
     const float *q, *k, *v;
     int64_t q_sb, q_sh, q_st, kv_sb, kv_sh, kv_ss;
     float *out;
+    int64_t o_sb, o_sh, o_st;
     int64_t H, Hkv, T, D, G;
     const int32_t *prefix, *extra_off, *extra;
     float scale;
@@ -136,6 +120,7 @@ static void attention_task(void *arg, int64_t task) {
     const int32_t *prefix = a->prefix, *extra_off = a->extra_off, *extra = a->extra;
     const float scale = a->scale;
     float *out = a->out;
+    const int64_t o_sb = a->o_sb, o_sh = a->o_sh, o_st = a->o_st;
 
     const int64_t g = task % Hkv, bt = task / Hkv, b = bt / T, t = bt % T;
     const int64_t n_prefix = prefix[bt], n = n_prefix + extra_off[bt + 1] - extra_off[bt];
@@ -149,7 +134,7 @@ static void attention_task(void *arg, int64_t task) {
     for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
         const float *qh = q + b * q_sb + h * q_sh + t * q_st;
-        float *o = out + ((b * H + h) * T + t) * D;
+        float *o = out + b * o_sb + h * o_sh + t * o_st;
         if (n == 0) {
             memset(o, 0, sizeof(float) * (size_t)D);
             continue;
@@ -180,18 +165,29 @@ static void attention_task(void *arg, int64_t task) {
 
 /* q: element (b, h, t, d) at q + b*q_sb + h*q_sh + t*q_st + d.
  * k, v: element (b, g, s, d) at k + b*kv_sb + g*kv_sh + s*kv_ss + d (the same strides for v).
- * out: (B, H, T, D) contiguous.
+ * out: element (b, h, t, d) at out + b*o_sb + h*o_sh + t*o_st + d.
  * prefix: (B*T,) leading slots each query sees; extra_off: (B*T + 1,) offsets into extra, the
  * further slots each query sees, ascending.
  * Tasks run on `pool.h` (up to `threads` threads).
  * Returns 0, or 1 when scratch memory could not be allocated. */
+int exact_attention_strided(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_st,
+                            const float *k, const float *v, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
+                            float *out, int64_t o_sb, int64_t o_sh, int64_t o_st,
+                            int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
+                            const int32_t *prefix, const int32_t *extra_off, const int32_t *extra,
+                            float scale, int threads) {
+    attention_job a = {q, k, v, q_sb, q_sh, q_st, kv_sb, kv_sh, kv_ss, out, o_sb, o_sh, o_st, H, Hkv, T, D,
+                       H / Hkv, prefix, extra_off, extra, scale, 0};
+    pool_run(attention_task, &a, B * T * Hkv, threads);
+    return atomic_load(&a.failed);
+}
+
+/* exact_attention_strided with out (B, H, T, D) contiguous. */
 int exact_attention_f32(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_st,
                         const float *k, const float *v, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
                         float *out, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
                         const int32_t *prefix, const int32_t *extra_off, const int32_t *extra,
                         float scale, int threads) {
-    attention_job a = {q, k, v, q_sb, q_sh, q_st, kv_sb, kv_sh, kv_ss, out, H, Hkv, T, D, H / Hkv,
-                       prefix, extra_off, extra, scale, 0};
-    pool_run(attention_task, &a, B * T * Hkv, threads);
-    return atomic_load(&a.failed);
+    return exact_attention_strided(q, q_sb, q_sh, q_st, k, v, kv_sb, kv_sh, kv_ss, out, H * T * D, T * D, D,
+                                   B, H, Hkv, T, D, prefix, extra_off, extra, scale, threads);
 }

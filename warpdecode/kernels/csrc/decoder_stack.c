@@ -1,0 +1,139 @@
+/* A run of decoder layers (Llama / Qwen2: RMSNorm, rotary attention with grouped KV heads, SwiGLU)
+ * of a block-quantised target in one call: the decode and verify steps of `decoder_stack.py`.
+ *
+ * Per layer, for the call's R = B * T query rows:
+ *   h = rmsnorm(x) * attn_norm;  q, k, v = h W_qkv (+ bias);  rotate q and k;  k, v -> cache slots;
+ *   a = exact attention of every query over its visible slots;  x += a W_o (+ bias);
+ *   h = rmsnorm(x) * mlp_norm;  g, u = h W_gate_up (+ bias);  x += (silu(g) * u) W_down (+ bias).
+ * The matmuls are block_matmul.c's and the attention exact_attention.c's, each parallel over its
+ * tasks; the element-wise steps are small (R x C) and run on the calling thread. Every step treats a
+ * row alone in a fixed order (norm sums over 16 lanes reduced by reduce16, the rotation and SiLU per
+ * element), so a row's result does not depend on the other rows of the call or on the thread count:
+ * a verified token computes the same bits as a one-token step after the same tokens.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "vec.h"
+
+/* One packed weight (`kernels/quantized.py` BlockInt4Weight / BlockInt8Weight). */
+typedef struct {
+    const uint8_t *blocks;
+    const float *scale; /* int8: (out padded to 16,) channel scales; int4: NULL */
+    const float *bias;  /* (out,) or NULL */
+    int64_t bits, out, width; /* width: inputs padded to a multiple of 32 */
+} matrix_t;
+
+/* One layer: every field 8 bytes (decoder_stack.py fills an int64 table of this layout). */
+typedef struct {
+    const float *attn_norm, *mlp_norm; /* (C,) */
+    matrix_t qkv, o, gate_up, down;
+} layer_t;
+
+/* out[r, 0..C) = x[r] / sqrt(mean(x[r]^2) + eps) * w, the mean over 16 lane sums in a fixed order;
+ * out rows `out_stride` floats apart (their padding past C stays as it is). */
+static void rms_norm(const float *x, int64_t R, int64_t C, const float *w, float eps, float *out,
+                     int64_t out_stride) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * C;
+        v16 acc = {0};
+        int64_t i = 0;
+        for (; i + LANES <= C; i += LANES) {
+            const v16 v = load16(xr + i);
+            acc += v * v;
+        }
+        for (int l = 0; i < C; i++, l++) acc[l] += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(reduce16(acc) / (float)C + eps);
+        float *o = out + r * out_stride;
+        for (i = 0; i < C; i++) o[i] = (xr[i] * inv) * w[i];
+    }
+}
+
+/* y = h W (+ bias): R rows of h, `m->width` floats apart, into y (R, m->out). */
+static int matmul(const matrix_t *m, const float *h, int64_t R, float *y, int threads) {
+    if (block_matmul_f32(h, R, m->width, m->width, m->blocks, m->scale, (int)m->bits, m->out, y, threads))
+        return 1;
+    if (m->bias)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < m->out; j++) y[r * m->out + j] += m->bias[j];
+    return 0;
+}
+
+/* v[0..D) rotated by the position's angles: v * cos + rotate_half(v) * sin, rotate_half(v) =
+ * (-v[D/2..D), v[0..D/2)) (the same two products and sum as the PyTorch layers). */
+static void rotate(float *v, const float *cos, const float *sin, int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] + (-b) * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* x (B*T, C) float32, updated in place by layers[0 .. n_layers). Rows are (b, t): row b's token t
+ * sits at position slot start[b] + t of cache row b. cos, sin: (B*T, D) rotary tables.
+ * k_cache, v_cache: element (layer, b, g, s, d) at base + layer*kv_sl + b*kv_sb + g*kv_sh + s*kv_ss + d,
+ * layer 0 being layers[0]'s. prefix / extra_off / extra: each query's visible slots (exact_attention.c).
+ * Returns 0, or 1 when scratch memory could not be allocated. */
+int decoder_stack_f32(const layer_t *layers, int64_t n_layers, float *x, int64_t B, int64_t T, int64_t C,
+                      int64_t H, int64_t Hkv, int64_t D, float eps, const float *cos, const float *sin,
+                      float *k_cache, float *v_cache, int64_t kv_sl, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
+                      const int64_t *start, const int32_t *prefix, const int32_t *extra_off, const int32_t *extra,
+                      int threads) {
+    const int64_t R = B * T;
+    int64_t in_width = 0, mid_width = 0, out_width = 0, qkv_out = 0, gu_out = 0;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const layer_t *L = layers + l;
+        in_width = L->qkv.width > in_width ? L->qkv.width : in_width;
+        in_width = L->gate_up.width > in_width ? L->gate_up.width : in_width;
+        out_width = L->o.width > out_width ? L->o.width : out_width;
+        mid_width = L->down.width > mid_width ? L->down.width : mid_width;
+        qkv_out = L->qkv.out > qkv_out ? L->qkv.out : qkv_out;
+        gu_out = L->gate_up.out > gu_out ? L->gate_up.out : gu_out;
+    }
+    /* h: normed rows (padded inputs zero); a: attention rows; m: SwiGLU rows; y: a product */
+    const int64_t y_width = qkv_out > gu_out ? qkv_out : gu_out;
+    const int64_t floats = R * (in_width + out_width + mid_width + (y_width > C ? y_width : C));
+    float *scratch = calloc((size_t)(floats > 0 ? floats : 1), sizeof(float));
+    if (!scratch) return 1;
+    float *h = scratch, *a = h + R * in_width, *m = a + R * out_width, *y = m + R * mid_width;
+    const int64_t Q = H * D, KV = Hkv * D, F = gu_out / 2;
+    const float scale = 1.0f / sqrtf((float)D);
+    int failed = 0;
+    for (int64_t l = 0; l < n_layers && !failed; l++) {
+        const layer_t *L = layers + l;
+        float *kl = k_cache + l * kv_sl, *vl = v_cache + l * kv_sl;
+        rms_norm(x, R, C, L->attn_norm, eps, h, L->qkv.width);
+        if ((failed = matmul(&L->qkv, h, R, y, threads))) break;
+        const int64_t n = L->qkv.out;
+        for (int64_t r = 0; r < R; r++) {
+            float *row = y + r * n;
+            const int64_t b = r / T, slot = start[b] + r % T;
+            for (int64_t hd = 0; hd < H + Hkv; hd++) rotate(row + hd * D, cos + r * D, sin + r * D, D);
+            for (int64_t g = 0; g < Hkv; g++) {
+                memcpy(kl + b * kv_sb + g * kv_sh + slot * kv_ss, row + Q + g * D, sizeof(float) * (size_t)D);
+                memcpy(vl + b * kv_sb + g * kv_sh + slot * kv_ss, row + Q + KV + g * D, sizeof(float) * (size_t)D);
+            }
+        }
+        if ((failed = exact_attention_strided(y, T * n, D, n, kl, vl, kv_sb, kv_sh, kv_ss, a, T * L->o.width, D,
+                                              L->o.width, B, H, Hkv, T, D, prefix, extra_off, extra, scale,
+                                              threads)))
+            break;
+        if ((failed = matmul(&L->o, a, R, y, threads))) break;
+        for (int64_t i = 0; i < R * C; i++) x[i] += y[i];
+        rms_norm(x, R, C, L->mlp_norm, eps, h, L->gate_up.width);
+        if ((failed = matmul(&L->gate_up, h, R, y, threads))) break;
+        for (int64_t r = 0; r < R; r++) {
+            const float *g = y + r * 2 * F, *u = g + F;
+            float *mr = m + r * L->down.width;
+            for (int64_t i = 0; i < F; i++) mr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        }
+        if ((failed = matmul(&L->down, m, R, y, threads))) break;
+        for (int64_t i = 0; i < R * C; i++) x[i] += y[i];
+    }
+    free(scratch);
+    return failed;
+}

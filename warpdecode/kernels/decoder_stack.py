@@ -1,0 +1,153 @@
+"""The decoder layers of a block-quantised target in one native call per forward
+(`csrc/decoder_stack.c`): the CPU decode and verify steps of `--dtype q8|q4|native`.
+
+A decode step of a small model is mostly not matmul: the default model's 30 layers run ~15 PyTorch
+operations each (norms, rotary, cache writes, residuals), and at a few microseconds apiece they cost
+more than the block matmuls themselves (measured: 7.3 ms a step, of which 3.1 ms in the matmuls).
+Here a run of layers is one C call: the same block matmuls (`block_matmul.py`) and exact attention
+(`exact_attention.py`), with the norms, rotation, cache writes, residual adds and SwiGLU between them
+in C. Llama-family layers only (RMSNorm, rotary positions, SwiGLU; q/k/v biases as Qwen2 has them).
+
+The reference is the model's own PyTorch layers (`models/transformer.py`), which compute the same
+function; the two differ in float rounding (a norm's sum order, SiLU's exp), so a target uses one or
+the other for all its decode and verify steps (`Transformer.stack_impl`). The stack treats every row
+alone in a fixed order: a row's bits do not depend on the other rows of the call, on the batch or on
+the thread count (tested), which is what makes speculative decoding of a quantised target reproduce
+its plain decoding token for token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from warpdecode.kernels.block_matmul import native_library as block_library
+from warpdecode.kernels.exact_attention import Visibility
+from warpdecode.kernels.native import compiled
+from warpdecode.kernels.quantized import BlockInt4Weight, BlockInt8Weight
+
+StackImpl = Literal["auto", "torch", "native"]
+StackWeight = BlockInt4Weight | BlockInt8Weight
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """One decoder layer's weights as the stack reads them."""
+
+    attn_norm: Tensor  # (C,) float32
+    mlp_norm: Tensor  # (C,) float32
+    qkv: StackWeight  # (H * D + 2 * Hkv * D, C): q, k, v stacked
+    o: StackWeight  # (C, H * D)
+    gate_up: StackWeight  # (2 * F, C): gate, up stacked
+    down: StackWeight  # (C, F)
+
+
+@functools.cache
+def native_library() -> ctypes.CDLL | str:
+    """The compiled kernels with the stack's entry point, or why not (one line): the stack needs the
+    block matmul's fast path (`block_matmul.native_library`)."""
+    reason = block_library()
+    if isinstance(reason, str):
+        return reason
+    lib = compiled()
+    assert not isinstance(lib, str)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.decoder_stack_f32.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr,
+                                      ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.decoder_stack_f32.restype = ctypes.c_int
+    return lib
+
+
+def _matrix(w: StackWeight) -> list[int]:
+    """A weight's `matrix_t` fields (csrc/decoder_stack.c)."""
+    scale = w.scales.data_ptr() if isinstance(w, BlockInt8Weight) else 0
+    bias = 0 if w.bias is None else w.bias.data_ptr()
+    bits = 8 if isinstance(w, BlockInt8Weight) else 4
+    return [w.blocks.data_ptr(), scale, bias, bits, w.out_features, w.width]
+
+
+class DecoderStack:
+    """The layers of one model as the native stack runs them; `of` says why when it cannot."""
+
+    def __init__(self, layers: Sequence[StackLayer], heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        self.layers = tuple(layers)  # keeps every tensor the table points into alive
+        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
+        rows = [[lay.attn_norm.data_ptr(), lay.mlp_norm.data_ptr(),
+                 *(v for w in (lay.qkv, lay.o, lay.gate_up, lay.down) for v in _matrix(w))] for lay in self.layers]
+        self.table = torch.tensor(rows, dtype=torch.int64)  # (L, 26): the C layer_t array
+
+    @classmethod
+    def of(cls, layers: Sequence[StackLayer], heads: int, kv_heads: int, head_dim: int,
+           eps: float) -> DecoderStack | str:
+        """The stack of `layers`, or why it cannot run them (one line)."""
+        lib = native_library()
+        if isinstance(lib, str):
+            return lib
+        if not layers:
+            return "no layers"
+        C = layers[0].attn_norm.numel()
+        first = layers[0]
+        for lay in layers:
+            weights = (lay.qkv, lay.o, lay.gate_up, lay.down)
+            if not all(isinstance(w, (BlockInt4Weight, BlockInt8Weight)) for w in weights):
+                return "the stack runs the native block weights only"
+            if any(t.dtype != torch.float32 or t.numel() != C or not t.is_contiguous()
+                   for t in (lay.attn_norm, lay.mlp_norm)):
+                return "the stack runs float32 norms"
+            if any(w.bias is not None and w.bias.dtype != torch.float32 for w in weights):
+                return "the stack runs float32 biases"
+            shapes = [(w.out_features, w.width) for w in weights]
+            if shapes != [(w.out_features, w.width) for w in (first.qkv, first.o, first.gate_up, first.down)]:
+                return "the stack runs layers of one shape"
+        q, kv = heads * head_dim, kv_heads * head_dim
+        if (first.qkv.out_features != q + 2 * kv or first.qkv.in_features != C or first.o.out_features != C
+                or first.o.in_features != q or first.gate_up.out_features % 2 or first.gate_up.in_features != C
+                or first.down.out_features != C or first.down.in_features != first.gate_up.out_features // 2
+                or head_dim % 2):
+            return "the weights do not have a Llama layer's shapes"
+        return cls(layers, heads, kv_heads, head_dim, eps)
+
+    def __call__(self, x: Tensor, first: int, stop: int, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,
+                 start: Tensor, visible: Visibility) -> Tensor:
+        """Layers `first .. stop - 1` over the new tokens.
+
+        Args:
+            x: (B, T, C) float32 layer inputs.
+            cos, sin: (B, 1, T, D) float32 rotary tables of the new tokens' positions.
+            k, v: (L, B, Hkv, S, D) float32 cache (`KVCache.k` / `.v`), written at slots
+                `start[b] + t` of every layer run.
+            start: (B,) int64, each row's cache length before the new tokens.
+            visible: each query's visible slots (the new ones included).
+
+        Returns:
+            (B, T, C) float32 outputs of layer `stop - 1`.
+        """
+        lib = native_library()
+        assert not isinstance(lib, str), lib
+        B, T, C = x.shape
+        if not 0 <= first < stop <= len(self.layers):
+            raise ValueError(f"layers {first}..{stop - 1} are not among the stack's {len(self.layers)}")
+        if k.shape[1:] != (B, self.kv_heads, k.shape[3], self.head_dim) or v.shape != k.shape or k.stride() != v.stride():
+            raise ValueError(f"cache {tuple(k.shape)} does not fit {B} rows of {self.kv_heads} x {self.head_dim}")
+        if k.stride(-1) != 1 or k.dtype != torch.float32 or v.dtype != torch.float32:
+            raise ValueError("the stack writes a float32 cache with contiguous rows")
+        if visible.reach > k.shape[3] or int(start.max()) + T > k.shape[3]:
+            raise ValueError(f"the new tokens reach past the cache's {k.shape[3]} slots")
+        out = x.float().reshape(B * T, C).clone()
+        cos2, sin2 = (t.float().reshape(B * T, self.head_dim).contiguous() for t in (cos, sin))
+        start = start.to(torch.int64).contiguous()
+        table = self.table[first:stop]
+        failed = lib.decoder_stack_f32(
+            table.data_ptr(), stop - first, out.data_ptr(), B, T, C, self.heads, self.kv_heads, self.head_dim,
+            self.eps, cos2.data_ptr(), sin2.data_ptr(), k[first].data_ptr(), v[first].data_ptr(), k.stride(0),
+            k.stride(1), k.stride(2), k.stride(3), start.data_ptr(), visible.prefix.data_ptr(),
+            visible.extra_offsets.data_ptr(), visible.extra.data_ptr(), torch.get_num_threads())
+        if failed:
+            raise MemoryError("the decoder stack could not allocate its scratch memory")
+        return out.view(B, T, C)
