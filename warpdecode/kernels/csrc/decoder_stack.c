@@ -8,7 +8,7 @@
  * The matmuls are block_matmul.c's and the attention exact_attention.c's, each parallel over its
  * tasks; the element-wise steps are small (R x C) and run on the calling thread. Every step treats a
  * row alone in a fixed order (norm sums over 16 lanes reduced by reduce16, the rotation and SiLU per
- * element), so a row's result does not depend on the other rows of the call or on the thread count:
+ * element, SiLU's exp the branch-free polynomial of vec.h), so a row's result does not depend on the other rows of the call or on the thread count:
  * a verified token computes the same bits as a one-token step after the same tokens.
  */
 #include <math.h>
@@ -129,7 +129,10 @@ int decoder_stack_f32(const layer_t *layers, int64_t n_layers, float *x, int64_t
         for (int64_t r = 0; r < R; r++) {
             const float *g = y + r * 2 * F, *u = g + F;
             float *mr = m + r * L->down.width;
-            for (int64_t i = 0; i < F; i++) mr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            for (int64_t i = 0; i < F; i++) { /* silu(g) = g * sigmoid(g), the exp of -|g| <= 0 */
+                const float e = exp_nonpositive(-fabsf(g[i])), sig = (g[i] >= 0.0f ? 1.0f : e) / (1.0f + e);
+                mr[i] = g[i] * sig * u[i];
+            }
         }
         if ((failed = matmul(&L->down, m, R, y, threads))) break;
         for (int64_t i = 0; i < R * C; i++) x[i] += y[i];

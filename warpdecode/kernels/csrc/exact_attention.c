@@ -44,29 +44,6 @@ static inline void dot4(const float *a, const float *const b[4], int64_t n, floa
     out[3] = reduce16(acc3);
 }
 
-/* exp(x) for x <= 0 (scores minus their maximum), branch-free so that loops over it vectorise:
- * exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in two parts (Cody-Waite), exp(r) by a
- * degree-6 polynomial (relative error ~2e-7 on [-ln2/2, ln2/2]); below -87 it returns 0. */
-static inline float exp_nonpositive(float x) {
-    const float lo = -87.0f;
-    const float under = x < lo ? 0.0f : 1.0f;
-    x = x < lo ? lo : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest even */
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale * under;
-}
-
 /* out[0..D) = sum over the n keys, in order, of s[i] * v_i[0..D): one sequential sum per element
  * (64 elements at a time in four registers, then 16, then one). */
 static void weighted_sum(const float *s, const float *vb, const int32_t *more, int64_t n_prefix, int64_t n,
