@@ -17,9 +17,10 @@ NATIVE = not isinstance(native_library(), str)
 pytestmark = pytest.mark.skipif(not NATIVE, reason=f"native decoder stack unavailable: {native_library()}")
 
 SHAPES = {
-    "llama": dict(vocab_size=96, n_layer=3, n_head=4, n_kv_head=2, d_model=64, d_ff=160),
+    "llama": {"vocab_size": 96, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "d_model": 64, "d_ff": 160},
     # inputs that are not a multiple of 32 (padded widths), q/k/v biases, one key head
-    "qwen2-like": dict(vocab_size=80, n_layer=2, n_head=4, n_kv_head=1, d_model=48, d_ff=100, qkv_bias=True),
+    "qwen2-like": {"vocab_size": 80, "n_layer": 2, "n_head": 4, "n_kv_head": 1, "d_model": 48, "d_ff": 100,
+                   "qkv_bias": True},
 }
 
 

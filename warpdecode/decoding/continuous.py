@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from warpdecode.decoding.draft_cost import LevelAcceptance, LevelCost, keep_depth
 from warpdecode.decoding.engine import Method
 from warpdecode.decoding.outputs import DecodeStats, FinishReason, until_stop
 from warpdecode.decoding.processors import TokenHistory
@@ -396,17 +397,15 @@ class DraftBudget:
     def __init__(self, explore_every: int = 16, smoothing: float = 0.2, memory: int = 200) -> None:
         self.explore_every = explore_every
         self.smoothing = smoothing
+        self.memory = memory
         self.seconds: dict[tuple[int, bool], float] = {}
         self.tokens: dict[tuple[int, bool], float] = {}
         self.steps: dict[int, int] = {}
-        self.decay = 1 - 1 / memory
-        self._fit: dict[int, list[float]] = {}
-        """Bucket → decayed sums of 1, width, seconds, width², width·seconds over its steps."""
+        self._costs: dict[int, LevelCost] = {}
+        """Bucket → its steps' seconds against their positions per row."""
         self.uncut: set[str] = set()
         """Drafters whose trees `keep` cannot cut (auxiliary nodes, e.g. lookahead's window)."""
-        self._depths: dict[tuple[str, int], list[list[float]]] = {}
-        """(drafter, proposed nodes) → per depth d (index d - 1): [trees verified to d or deeper, of them
-        accepted to d or deeper], decayed."""
+        self._accepted = LevelAcceptance(memory)
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -451,46 +450,26 @@ class DraftBudget:
         self.seconds[key] = seconds if key not in self.seconds else (1 - a) * self.seconds[key] + a * seconds
         self.tokens[key] = tokens if key not in self.tokens else (1 - a) * self.tokens[key] + a * tokens
         if width is not None:
-            sums = self._fit.setdefault(self.bucket(rows), [0.0] * 5)
-            for i, value in enumerate((1.0, width, seconds, width * width, width * seconds)):
-                sums[i] = self.decay * sums[i] + value
+            self._costs.setdefault(self.bucket(rows), LevelCost(self.memory)).observe(width, seconds)
 
     def cost(self, rows: int) -> tuple[float, float] | None:
         """(seconds of a one-position step, seconds per further position per row) at `rows`' bucket, from
         the measured steps (None: not measured at two widths yet)."""
-        sums = self._fit.get(self.bucket(rows))
-        if sums is None:
-            return None
-        n, x, y, xx, xy = sums
-        spread = n * xx - x * x
-        if spread <= 1e-6 * n * n:
-            return None
-        slope = (n * xy - x * y) / spread
-        return max(0.0, (y - slope * x) / n + slope), max(0.0, slope)
+        fit = self._costs.get(self.bucket(rows))
+        return None if fit is None else fit.cost()
 
     def accepted(self, drafter: str, proposed: int, depth: int) -> float:
         """Measured share of `drafter`'s trees of `proposed` nodes, verified to `depth` or deeper, that
         were accepted to `depth` (levels not measured: 1/2)."""
-        levels = self._depths.get((drafter, proposed), [])
-        verified, hits = levels[depth - 1] if depth <= len(levels) else (0.0, 0.0)
-        return (hits + 1) / (verified + 2)
+        return self._accepted.accepted(drafter, proposed, depth)
 
     def keep(self, rows: int, row: Row, tree: DraftTree) -> int:
         """How deep to verify `row`'s proposed `tree` in a drafting step of `rows` rows."""
         cost = self.cost(rows)
         if cost is None or row.method is None:
             return tree.depth
-        first, per_level = cost
         name = row.method.drafter.name
-        widths = torch.bincount(tree.depths())[1:].tolist()  # nodes per level
-        tokens, seconds, share = float(rows), first, 1.0
-        for depth, nodes in enumerate(widths, start=1):
-            share = min(share, self.accepted(name, tree.size, depth))  # accepted to d needs d - 1 first
-            extra = per_level * nodes
-            if share * seconds <= extra * tokens:  # (tokens + share) / (seconds + extra) <= tokens / seconds
-                return depth - 1
-            tokens, seconds = tokens + share, seconds + extra
-        return len(widths)
+        return keep_depth(tree, cost, lambda depth: self.accepted(name, tree.size, depth), rows)
 
     def learn(self, row: Row) -> None:
         """Count `row`'s last step: its tree verified to `row.drafted` depth, accepted to its path's length."""
@@ -500,9 +479,4 @@ class DraftBudget:
         if row.state is not None and row.state.forward_tree is not None and row.state.forward_tree.auxiliary:
             self.uncut.add(row.method.drafter.name)
             return
-        accepted = row.stats.accepted_per_step[-1]
-        levels = self._depths.setdefault((row.method.drafter.name, proposed), [])
-        levels.extend([0.0, 0.0] for _ in range(depth - len(levels)))
-        for d, level in enumerate(levels[:depth], start=1):
-            level[0] = self.decay * level[0] + 1
-            level[1] = self.decay * level[1] + (accepted >= d)
+        self._accepted.learn(row.method.drafter.name, proposed, depth, row.stats.accepted_per_step[-1])

@@ -101,6 +101,8 @@ def run(
             raise RuntimeError(f"drafter proposed {tree.size} nodes with a budget of {room}")
         if constraint is not None:
             tree = constraint.shape(tree, room)
+        else:
+            tree = method.controller.trim(state, tree)
         t1 = time.perf_counter()
         tree_start = cache.lengths.clone()
         tokens, positions, mask = tree.verify_inputs(pending, int(tree_start[0]))

@@ -180,5 +180,10 @@ class Controller(Protocol):
         """Largest number of draft nodes to propose this step."""
         ...
 
+    def trim(self, state: DecodeState, tree: DraftTree) -> DraftTree:
+        """The part of this step's proposed `tree` to verify (called every step of a request without a
+        grammar, an empty tree too, just before its verify forward; `observe` follows it). Default: all."""
+        return tree
+
     def observe(self, result: AcceptResult) -> None:
         """Feedback after verification."""

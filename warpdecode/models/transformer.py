@@ -7,6 +7,7 @@ requested hidden states.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -480,13 +481,14 @@ class Transformer(nn.Module):
         if (config.norm, config.mlp, config.position) != ("rmsnorm", "swiglu", "rope"):
             return "the native stack runs Llama-family layers (RMSNorm, SwiGLU, rotary positions)"
         layers = []
-        for block in self.blocks:
-            attn, mlp = cast(Block, block).attn, cast(Block, block).mlp
+        for module in self.blocks:
+            block = cast(Block, module)
+            attn, mlp = block.attn, block.mlp
             weights = (attn.qkv.quantized, attn.o_proj.quantized, mlp.gate_up.quantized, mlp.down_proj.quantized)
             if any(w is None for w in weights):
                 return "the native stack runs quantised targets"
-            norms = (cast(Block, block).attn_norm.weight, cast(Block, block).mlp_norm.weight)
-            layers.append(StackLayer(norms[0].detach(), norms[1].detach(), *weights))  # type: ignore[arg-type]
+            attn_norm, mlp_norm = (cast(Tensor, norm.weight).detach() for norm in (block.attn_norm, block.mlp_norm))
+            layers.append(StackLayer(attn_norm, mlp_norm, *weights))  # type: ignore[arg-type]
         return DecoderStack.of(layers, config.n_head, config.kv_head_count, config.head_width, config.norm_eps)
 
     def _stack_for(self, x: Tensor, ctx: LayerContext, layer_gates: Tensor | None) -> DecoderStack | None:
@@ -517,7 +519,7 @@ class Transformer(nn.Module):
             cuts = [0, *sorted(i for i in wanted if 0 < i < len(self.blocks)), len(self.blocks)]
             if 0 in wanted:
                 hidden[0] = x
-            for a, b in zip(cuts, cuts[1:]):
+            for a, b in itertools.pairwise(cuts):
                 x = stack(x, a, b, *ctx.rope, ctx.cache.k, ctx.cache.v, ctx.plan.start, visible)
                 if b in wanted and b < len(self.blocks):
                     hidden[b] = x

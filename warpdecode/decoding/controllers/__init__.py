@@ -1,3 +1,3 @@
 """Controllers: one module each, registered on import."""
 
-from warpdecode.decoding.controllers import adaptive, fixed  # noqa: F401
+from warpdecode.decoding.controllers import adaptive, cost, fixed  # noqa: F401
