@@ -123,8 +123,9 @@ def test_hidden_states_come_from_inside_the_stack():
 
 
 def test_what_the_stack_does_not_run():
-    dense = Transformer(ModelConfig(vocab_size=96, n_layer=2, n_head=4, d_model=64, d_ff=160, max_seq_len=64))
-    assert dense.native_stack() == "the native stack runs quantised targets"
+    half = Transformer(ModelConfig(vocab_size=96, n_layer=2, n_head=4, d_model=64, d_ff=160, max_seq_len=64))
+    half.blocks[0].attn.o_proj.quantized = target("llama").blocks[0].attn.o_proj.quantized
+    assert "all quantised or all float" in half.native_stack()
     gpt2 = Transformer(ModelConfig(vocab_size=96, n_layer=2, n_head=4, d_model=64, d_ff=160, max_seq_len=64,
                                    norm="layernorm", mlp="gelu_tanh", position="learned"))
     assert "Llama-family" in gpt2.native_stack()
@@ -142,3 +143,32 @@ def test_what_the_stack_does_not_run():
 
         stack(x, 0, 2, cos, cos, cache.k, cache.v, torch.zeros(1, dtype=torch.int64),
               Visibility.of_prefixes(torch.arange(1, 10)[None]))
+
+
+def test_float32_one_token_steps_run_on_the_stack_and_match_the_layers():
+    from warpdecode.kernels.dense_matmul import dense_matmul
+
+    torch.manual_seed(5)
+    model = Transformer(ModelConfig(max_seq_len=64, **SHAPES["qwen2-like"]))
+    model.init_weights(std=0.2)
+    model.eval()
+    assert isinstance(model.native_stack(), DecoderStack)
+    prompt = [5, 17, 3, 9, 22]
+    model.stack_impl = "auto"
+    _, native, _ = steps(model, prompt, 6)
+    model.stack_impl = "torch"
+    _, reference, _ = steps(model, prompt, 6)
+    for a, b in zip(native, reference, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    # weights replaced in another storage (`.to()`, a reload): the stack is rebuilt, never stale
+    stack = model.native_stack()
+    layer = model.blocks[0].attn.q_proj
+    layer.weight.data = layer.weight.data.clone() * 0
+    assert model.native_stack() is not stack
+    # the dense head against its reference, a row alone and among others
+    x, weight = torch.randn(3, 48), torch.randn(80, 48)
+    y = dense_matmul(x, weight, impl="native")
+    assert torch.allclose(y, x @ weight.T, atol=1e-4, rtol=1e-4)
+    assert torch.equal(dense_matmul(x[1:2], weight, impl="native")[0], y[1])
+    with pytest.raises(ValueError, match="impl must be one of"):
+        dense_matmul(x, weight, impl="fast")

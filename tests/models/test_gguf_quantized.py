@@ -109,8 +109,27 @@ def test_the_embedding_stays_in_the_file_format_and_the_head_is_made_in_slices(m
     with pytest.raises(IndexError, match="vocabulary of 37"):
         embed(torch.tensor([[37]]))
     monkeypatch.setattr(gq, "HEAD_ROWS_PER_SLICE", 16)  # slices of whole 16-channel tiles, the last one short
-    sliced, whole = gq._int8_in_slices(embed), Int8Weight.of(torch.from_numpy(table))
+    sliced, whole = gq._int8_in_slices(embed, V), Int8Weight.of(torch.from_numpy(table))
     assert type(sliced) is type(whole)
     assert torch.equal(sliced.dequantized(), whole.dequantized())
     x = torch.randn(3, C)
     assert torch.equal(sliced(x), whole(x))
+    first = gq._int8_in_slices(embed, 20)  # the first rows only: never the others
+    assert first.out_features == 20 and torch.equal(first.dequantized(), whole.dequantized()[:20])
+    assert torch.equal(first(x), whole(x)[:, :20])
+
+
+def test_a_native_model_with_the_first_head_rows_only():
+    """`head_rows`: the head holds the first rows alone, their logits the full head's bit for bit."""
+    from warpdecode.runtime.load import load_backbones
+
+    full = load_backbones(None, None, ["torch"], dtype="native")[0]["torch"]
+    cut, tokenizer = load_backbones(None, None, ["torch"], dtype="native", head_rows=1000)
+    model = cut["torch"]
+    assert model.lm_head.quantized.out_features == 1000 and model.config.vocab_size == full.config.vocab_size
+    ids = torch.tensor([tokenizer.encode("def fibonacci(n):")])
+    with torch.inference_mode():
+        a, b = model(ids).logits, full(ids).logits
+    assert a.shape[-1] == 1000 and torch.equal(a, b[..., :1000])
+    whole = load_backbones(None, None, ["torch"], dtype="native", head_rows=10**6)[0]["torch"]
+    assert whole.lm_head.quantized.out_features == full.config.vocab_size

@@ -1,12 +1,14 @@
-"""The decoder layers of a block-quantised target in one native call per forward
-(`csrc/decoder_stack.c`): the CPU decode and verify steps of `--dtype q8|q4|native`.
+"""The decoder layers of a target in one native call per forward (`csrc/decoder_stack.c`): the CPU
+decode and verify steps of `--dtype fp32|q8|q4|native`.
 
 A decode step of a small model is mostly not matmul: the default model's 30 layers run ~15 PyTorch
 operations each (norms, rotary, cache writes, residuals), and at a few microseconds apiece they cost
 more than the block matmuls themselves (measured: 7.3 ms a step, of which 3.1 ms in the matmuls).
 Here a run of layers is one C call: the same block matmuls (`block_matmul.py`) and exact attention
 (`exact_attention.py`), with the norms, rotation, cache writes, residual adds and SwiGLU between them
-in C. Llama-family layers only (RMSNorm, rotary positions, SwiGLU; q/k/v biases as Qwen2 has them).
+in C. Float32 weights run through `csrc/dense_matmul.c`, reading each `Linear`'s own weight in place
+(no packed copy; each output one dot product in a fixed order). Llama-family layers only (RMSNorm,
+rotary positions, SwiGLU; q/k/v biases as Qwen2 has them).
 
 The reference is the model's own PyTorch layers (`models/transformer.py`), which compute the same
 function; the two differ in float rounding (a norm's sum order, SiLU's exp), so a target uses one or
@@ -33,19 +35,48 @@ from warpdecode.kernels.native import compiled
 from warpdecode.kernels.quantized import BlockInt4Weight, BlockInt8Weight
 
 StackImpl = Literal["auto", "torch", "native"]
-StackWeight = BlockInt4Weight | BlockInt8Weight
+
+
+@dataclass(frozen=True)
+class DenseWeight:
+    """A float32 `Linear` weight as the stack reads it (in place)."""
+
+    weight: Tensor  # (out, in) float32, contiguous
+    bias: Tensor | None  # (out,) float32 or None
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.weight.shape[1]
+
+
+StackWeight = BlockInt4Weight | BlockInt8Weight | DenseWeight
 
 
 @dataclass(frozen=True)
 class StackLayer:
-    """One decoder layer's weights as the stack reads them."""
+    """One decoder layer's weights as the stack reads them. `qkv`: the q, k and v weights, or one
+    stacked weight; `gate_up`: gate and up, or one stacked weight (outputs in that order)."""
 
     attn_norm: Tensor  # (C,) float32
     mlp_norm: Tensor  # (C,) float32
-    qkv: StackWeight  # (H * D + 2 * Hkv * D, C): q, k, v stacked
+    qkv: tuple[StackWeight, ...]  # (H * D + 2 * Hkv * D, C) in all
     o: StackWeight  # (C, H * D)
-    gate_up: StackWeight  # (2 * F, C): gate, up stacked
+    gate_up: tuple[StackWeight, ...]  # (2 * F, C) in all
     down: StackWeight  # (C, F)
+
+    def matrices(self) -> list[StackWeight | None]:
+        """The C layer's q, k, v, o, gate, up, down (None: absent, a stacked weight's other parts)."""
+        qkv: list[StackWeight | None] = [*self.qkv, None, None][:3]
+        gate_up: list[StackWeight | None] = [*self.gate_up, None][:2]
+        return [*qkv, self.o, *gate_up, self.down]
 
 
 @functools.cache
@@ -64,12 +95,15 @@ def native_library() -> ctypes.CDLL | str:
     return lib
 
 
-def _matrix(w: StackWeight) -> list[int]:
+def _matrix(w: StackWeight | None) -> list[int]:
     """A weight's `matrix_t` fields (csrc/decoder_stack.c)."""
-    scale = w.scales.data_ptr() if isinstance(w, BlockInt8Weight) else 0
+    if w is None:
+        return [0] * 6
     bias = 0 if w.bias is None else w.bias.data_ptr()
-    bits = 8 if isinstance(w, BlockInt8Weight) else 4
-    return [w.blocks.data_ptr(), scale, bias, bits, w.out_features, w.width]
+    if isinstance(w, DenseWeight):
+        return [w.weight.data_ptr(), 0, bias, 32, w.out_features, w.width]
+    scale = w.scales.data_ptr() if isinstance(w, BlockInt8Weight) else 0
+    return [w.blocks.data_ptr(), scale, bias, 8 if isinstance(w, BlockInt8Weight) else 4, w.out_features, w.width]
 
 
 class DecoderStack:
@@ -78,9 +112,9 @@ class DecoderStack:
     def __init__(self, layers: Sequence[StackLayer], heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
         self.layers = tuple(layers)  # keeps every tensor the table points into alive
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
-        rows = [[lay.attn_norm.data_ptr(), lay.mlp_norm.data_ptr(),
-                 *(v for w in (lay.qkv, lay.o, lay.gate_up, lay.down) for v in _matrix(w))] for lay in self.layers]
-        self.table = torch.tensor(rows, dtype=torch.int64)  # (L, 26): the C layer_t array
+        rows = [[lay.attn_norm.data_ptr(), lay.mlp_norm.data_ptr(), *(v for w in lay.matrices() for v in _matrix(w))]
+                for lay in self.layers]
+        self.table = torch.tensor(rows, dtype=torch.int64)  # (L, 44): the C layer_t array
 
     @classmethod
     def of(cls, layers: Sequence[StackLayer], heads: int, kv_heads: int, head_dim: int,
@@ -93,23 +127,31 @@ class DecoderStack:
             return "no layers"
         C = layers[0].attn_norm.numel()
         first = layers[0]
+        q, kv = heads * head_dim, kv_heads * head_dim
+
+        def shapes(lay: StackLayer) -> list[tuple[int, int, int] | None]:
+            return [None if w is None else (w.out_features, w.in_features, w.width) for w in lay.matrices()]
+
         for lay in layers:
-            weights = (lay.qkv, lay.o, lay.gate_up, lay.down)
-            if not all(isinstance(w, (BlockInt4Weight, BlockInt8Weight)) for w in weights):
-                return "the stack runs the native block weights only"
+            weights = [w for w in lay.matrices() if w is not None]
+            if not all(isinstance(w, (BlockInt4Weight, BlockInt8Weight, DenseWeight)) for w in weights):
+                return "the stack runs the native block weights and float32 weights"
+            if any(isinstance(w, DenseWeight) and (w.weight.dtype != torch.float32 or not w.weight.is_contiguous()
+                                                   or w.weight.device.type != "cpu") for w in weights):
+                return "the stack runs contiguous float32 CPU weights"
             if any(t.dtype != torch.float32 or t.numel() != C or not t.is_contiguous()
                    for t in (lay.attn_norm, lay.mlp_norm)):
                 return "the stack runs float32 norms"
-            if any(w.bias is not None and w.bias.dtype != torch.float32 for w in weights):
+            if any(w.bias is not None and (w.bias.dtype != torch.float32 or not w.bias.is_contiguous()) for w in weights):
                 return "the stack runs float32 biases"
-            shapes = [(w.out_features, w.width) for w in weights]
-            if shapes != [(w.out_features, w.width) for w in (first.qkv, first.o, first.gate_up, first.down)]:
+            if shapes(lay) != shapes(first):
                 return "the stack runs layers of one shape"
-        q, kv = heads * head_dim, kv_heads * head_dim
-        if (first.qkv.out_features != q + 2 * kv or first.qkv.in_features != C or first.o.out_features != C
-                or first.o.in_features != q or first.gate_up.out_features % 2 or first.gate_up.in_features != C
-                or first.down.out_features != C or first.down.in_features != first.gate_up.out_features // 2
-                or head_dim % 2):
+        widths = {w.width for w in (*first.qkv, *first.gate_up)}
+        if (sum(w.out_features for w in first.qkv) != q + 2 * kv or len(widths) != 1
+                or any(w.in_features != C for w in (*first.qkv, *first.gate_up)) or first.o.out_features != C
+                or first.o.in_features != q or sum(w.out_features for w in first.gate_up) % 2
+                or first.down.out_features != C
+                or first.down.in_features != sum(w.out_features for w in first.gate_up) // 2 or head_dim % 2):
             return "the weights do not have a Llama layer's shapes"
         return cls(layers, heads, kv_heads, head_dim, eps)
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
-from warpdecode.kernels.decoder_stack import DecoderStack, StackImpl, StackLayer
+from warpdecode.kernels.decoder_stack import DecoderStack, DenseWeight, StackImpl, StackLayer
+from warpdecode.kernels.dense_matmul import dense_matmul
 from warpdecode.kernels.exact_attention import Visibility, exact_attention, resolve_exact_impl
 from warpdecode.kernels.invariance import is_batch_invariant, ragged_rows
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
@@ -161,6 +162,13 @@ ROW_BY_ROW_MAX = 128
 """Most query rows a `row_by_row` attention runs as `exact_attention` (a decode or verify step);
 longer forwards (a prefill, the same in plain and speculative decoding) run as one SDPA."""
 
+DENSE_STEP_ROWS = 2
+"""Most rows (all of a forward's tokens) a float32 model runs on the native stack and dense head: one-token
+steps, where reading each weight in place beats oneDNN's packed matrix-vector product (measured on the
+default model: 11.7 against ~16 ms a step). From ~4 rows on the packed copies are faster (a 5-token
+verify: 19.3 against ~15 ms; a 100-token prefill 166 against 73 ms), so longer forwards, and every
+forward of a batch-invariant server step, run the PyTorch layers on the packed copies."""
+
 
 class Attention(nn.Module):
     row_by_row: bool = False
@@ -286,11 +294,12 @@ class Transformer(nn.Module):
     inv_freq: Tensor  # (D/2,) rotary inverse frequencies, a non-persistent buffer (rope models only)
     _head_packed: PackedWeight | None = None  # packed tied LM head, see `pack_for_cpu_inference`
     stack_impl: StackImpl = "auto"
-    """How the decode and verify steps of a block-quantised target run its layers: `native`, one call of
-    `kernels/decoder_stack.py` per forward; `torch`, the layers below (the reference); `auto`, native
-    where it runs. The choice holds for every such step (the two round differently), so set it before
-    decoding starts."""
-    _stack: tuple[nn.ModuleList, DecoderStack | str] | None = None  # (the blocks it was built from, the stack or why none)
+    """How the decode and verify steps of a CPU float32 or quantised model run its layers: `native`, one
+    call of `kernels/decoder_stack.py` per forward; `torch`, the layers below (the reference); `auto`,
+    native where it runs. The choice holds for every such step (the two round differently), so set it
+    before decoding starts."""
+    _stack: tuple[nn.ModuleList, DecoderStack | str, tuple[Tensor, ...], tuple[int, ...]] | None = None
+    """(the blocks it was built from, the stack or why none, the float tensors it reads, their addresses)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -471,37 +480,61 @@ class Transformer(nn.Module):
         return BackboneOutput(logits=self.head(x), hidden_states=hidden)
 
     def native_stack(self) -> DecoderStack | str:
-        """This model's layers as `kernels/decoder_stack.py` runs them, or why they cannot run there (one line)."""
-        if self._stack is None or self._stack[0] is not self.blocks:
-            self._stack = (self.blocks, self._build_stack())
-        return self._stack[1]
+        """This model's layers as `kernels/decoder_stack.py` runs them, or why they cannot run there (one line).
+        Built once; rebuilt when the blocks or the storage of a float tensor it reads change (`.to()`, a
+        reload), never for new values in the same storage (an optimizer step)."""
+        cached = self._stack
+        if (cached is None or cached[0] is not self.blocks
+                or any(t.data_ptr() != at for t, at in zip(cached[2], cached[3], strict=True))):
+            stack, read = self._build_stack()
+            self._stack = cached = (self.blocks, stack, read, tuple(t.data_ptr() for t in read))
+        return cached[1]
 
-    def _build_stack(self) -> DecoderStack | str:
+    def _build_stack(self) -> tuple[DecoderStack | str, tuple[Tensor, ...]]:
+        """The stack, or why none, and the model's float tensors it reads in place."""
         config = self.config
         if (config.norm, config.mlp, config.position) != ("rmsnorm", "swiglu", "rope"):
-            return "the native stack runs Llama-family layers (RMSNorm, SwiGLU, rotary positions)"
-        layers = []
+            return "the native stack runs Llama-family layers (RMSNorm, SwiGLU, rotary positions)", ()
+        layers: list[StackLayer] = []
+        read: list[Tensor] = []
+
+        def dense(layer: Linear) -> DenseWeight:
+            read.extend(t for t in (layer.weight, layer.bias) if t is not None)
+            return DenseWeight(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
+
         for module in self.blocks:
             block = cast(Block, module)
             attn, mlp = block.attn, block.mlp
-            weights = (attn.qkv.quantized, attn.o_proj.quantized, mlp.gate_up.quantized, mlp.down_proj.quantized)
-            if any(w is None for w in weights):
-                return "the native stack runs quantised targets"
-            attn_norm, mlp_norm = (cast(Tensor, norm.weight).detach() for norm in (block.attn_norm, block.mlp_norm))
-            layers.append(StackLayer(attn_norm, mlp_norm, *weights))  # type: ignore[arg-type]
-        return DecoderStack.of(layers, config.n_head, config.kv_head_count, config.head_width, config.norm_eps)
+            if not (isinstance(block.attn_norm, RMSNorm) and isinstance(block.mlp_norm, RMSNorm)):
+                return "the native stack runs layers with both RMSNorms (not an EAGLE layer)", ()
+            quantized = (attn.qkv.quantized, attn.o_proj.quantized, mlp.gate_up.quantized, mlp.down_proj.quantized)
+            norms = [cast(Tensor, norm.weight) for norm in (block.attn_norm, block.mlp_norm)]
+            read.extend(norms)
+            if all(w is None for w in quantized):
+                weights: tuple[object, ...] = (tuple(map(dense, attn.qkv.layers)), dense(attn.o_proj),
+                                               tuple(map(dense, mlp.gate_up.layers)), dense(mlp.down_proj))
+            elif any(w is None for w in quantized):
+                return "the native stack runs layers whose weights are all quantised or all float", ()
+            else:
+                weights = ((quantized[0],), quantized[1], (quantized[2],), quantized[3])
+            layers.append(StackLayer(norms[0].detach(), norms[1].detach(), *weights))  # type: ignore[arg-type]
+        stack = DecoderStack.of(layers, config.n_head, config.kv_head_count, config.head_width, config.norm_eps)
+        return stack, tuple(read)
 
     def _stack_for(self, x: Tensor, ctx: LayerContext, layer_gates: Tensor | None) -> DecoderStack | None:
-        """The native stack when this forward runs on it: a decode or verify step (the forwards whose attention
-        runs row by row, `Attention.row_by_row`, or all cached forwards inside `batch_invariant()`) of a
-        model it can run, unless `stack_impl` is torch."""
-        if self.stack_impl == "torch" or self.weight_bits is None:
+        """The native stack when this forward runs on it, unless `stack_impl` is torch: a decode or verify
+        step (up to `ROW_BY_ROW_MAX` tokens in all rows, or any cached forward inside `batch_invariant()`) of
+        a quantised model, a one-token step (`DENSE_STEP_ROWS`, outside `batch_invariant()`) of a float32
+        one; on the CPU, without autograd."""
+        if self.stack_impl == "torch":
             return None
         B, T, _ = x.shape
+        invariant, dense = is_batch_invariant(), self.weight_bits is None
         step = (ctx.cache is not None and ctx.plan is not None and ctx.slots is None and ctx.rope is not None
-                and layer_gates is None and x.dtype == torch.float32 and x.device.type == "cpu"
-                and (is_batch_invariant() or (B == 1 and T <= ROW_BY_ROW_MAX
-                                              and cast(Block, self.blocks[0]).attn.row_by_row)))
+                and layer_gates is None and x.dtype == torch.float32 and x.device.type == "cpu" and B * T > 0
+                and (B * T <= DENSE_STEP_ROWS and not invariant if dense else invariant or B * T <= ROW_BY_ROW_MAX)
+                and not (torch.is_grad_enabled()
+                         and (x.requires_grad or cast(Block, self.blocks[0]).attn.o_proj.weight.requires_grad)))
         stack = self.native_stack() if step else None
         if self.stack_impl == "native" and not isinstance(stack, DecoderStack):
             raise ValueError(f"the native decoder stack cannot run this forward: {stack or 'not a decode or verify step'}")
@@ -564,7 +597,13 @@ class Transformer(nn.Module):
         return BackboneOutput(logits=self.head(x), hidden_states=hidden)
 
     def head(self, x: Tensor) -> Tensor:
-        """LM head: (..., C) final normed hidden states → (..., V) logits."""
+        """LM head: (..., C) final normed hidden states → (..., V) logits. A float32 CPU head of up to
+        `DENSE_STEP_ROWS` rows outside `batch_invariant()` reads its weight in place with the native dense
+        matmul (unless `stack_impl` is torch), like the one-token steps' layers."""
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        dense = (self.stack_impl != "torch" and weight.dtype == x.dtype == torch.float32 and weight.device.type == "cpu"
+                 and weight.numel() and x.numel() <= DENSE_STEP_ROWS * x.shape[-1] and not is_batch_invariant())
         if self.lm_head is not None:
-            return self.lm_head(x)
-        return linear(x, self.embed.weight, self._head_packed)
+            held = self.lm_head.quantized is not None or self.lm_head.bias is not None
+            return self.lm_head(x) if held or not dense else dense_matmul(x, self.lm_head.weight)
+        return dense_matmul(x, weight) if dense else linear(x, self.embed.weight, self._head_packed)

@@ -58,8 +58,8 @@ def parse_dtypes(text: str, package: bool) -> list[str]:
 
 
 def load_backbones(model: str | None, package: InferencePackage | None, backends: Sequence[str], *,
-                   device: str = "cpu", dtype: str = "fp32",
-                   threads: int | None = None) -> tuple[dict[str, Backbone], Tokenizer | None]:
+                   device: str = "cpu", dtype: str = "fp32", threads: int | None = None,
+                   head_rows: int | None = None) -> tuple[dict[str, Backbone], Tokenizer | None]:
     """The backbone of `model` (default: the embedded default model) or of `package` on each of `backends`,
     and its tokenizer.
 
@@ -71,6 +71,9 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
             made, or native: a GGUF checkpoint's own quantised weights (CPU, torch only); a package
             runs in the precision it was exported in.
         threads: ONNX Runtime's intra-op threads for a package.
+        head_rows: with `--dtype native`, make only the LM head's first rows (a draft model's FR-Spec
+            vocabulary: the other rows are never made, so they never take memory); other precisions load
+            the whole head, which the caller cuts.
     """
     known = dict.fromkeys([*MODEL_BACKENDS, *BACKENDS])
     unknown = [b for b in backends if b not in known]
@@ -92,7 +95,7 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
             loaded = random_model(source, device=torch_device(device), dtype=precision)
             tokenizer = load_pretrained(DEFAULT_MODEL)[1]
         elif dtype == NATIVE:
-            loaded, tokenizer = load_gguf_quantized(source)
+            loaded, tokenizer = load_gguf_quantized(source, head_rows)
         else:
             loaded, tokenizer = load_pretrained(source, device=torch_device(device), dtype=precision)
         if bits is not None:

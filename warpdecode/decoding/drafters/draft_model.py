@@ -193,7 +193,8 @@ class DraftModelDrafter(Drafter):
         elif self.draft is None:
             assert self.model_source is not None
             device = str(target.embed.weight.device)
-            backbones, _ = load_backbones(self.model_source, None, ["torch"], device=device, dtype=self.dtype)
+            backbones, _ = load_backbones(self.model_source, None, ["torch"], device=device, dtype=self.dtype,
+                                          head_rows=self.vocab)
             self.draft = cast(Transformer, backbones["torch"])
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "

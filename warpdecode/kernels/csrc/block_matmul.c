@@ -269,7 +269,7 @@ typedef struct {
     const int8_t *xq;
     const int32_t *sq;
     float *y;
-    int64_t M, K, N, nb, tiles, per_task, block_bytes;
+    int64_t M, K, N, y_stride, nb, tiles, per_task, block_bytes;
     int bits;
 } job_t;
 
@@ -280,18 +280,18 @@ static void run_tiles(void *arg, int64_t task) {
         const uint8_t *tile = j->packed + t * j->nb * j->block_bytes;
         int64_t valid = j->N - t * TILE < TILE ? j->N - t * TILE : TILE;
         if (j->bits == 4)
-            int4_tile(tile, j->nb, j->xq, j->dx, j->sx, j->K, j->M, j->y + t * TILE, j->N, valid);
+            int4_tile(tile, j->nb, j->xq, j->dx, j->sx, j->K, j->M, j->y + t * TILE, j->y_stride, valid);
         else
-            int8_tile(tile, j->scale + t * TILE, j->nb, j->xq, j->dx, j->sq, j->K, j->M, j->y + t * TILE, j->N, valid);
+            int8_tile(tile, j->scale + t * TILE, j->nb, j->xq, j->dx, j->sq, j->K, j->M, j->y + t * TILE, j->y_stride, valid);
     }
 }
 
 /* y (M, N) float32 = x (M, K) float32 times the packed weight; K a multiple of 32, x rows `x_stride`
- * floats apart. bits: 4 (`packed` holds N/16 tiles of K/32 int4 blocks) or 8 (int8 blocks, `scale`
- * the (N padded to 16,) float32 channel scales). Tiles run as tasks of `pool.h` on up to `nthreads`
- * threads. Returns nonzero when scratch memory ran out. */
-int block_matmul_f32(const float *x, int64_t M, int64_t K, int64_t x_stride, const uint8_t *packed,
-                     const float *scale, int bits, int64_t N, float *y, int nthreads) {
+ * floats apart, y rows `y_stride` floats apart. bits: 4 (`packed` holds N/16 tiles of K/32 int4 blocks)
+ * or 8 (int8 blocks, `scale` the (N padded to 16,) float32 channel scales). Tiles run as tasks of
+ * `pool.h` on up to `nthreads` threads. Returns nonzero when scratch memory ran out. */
+int block_matmul_strided(const float *x, int64_t M, int64_t K, int64_t x_stride, const uint8_t *packed,
+                         const float *scale, int bits, int64_t N, float *y, int64_t y_stride, int nthreads) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
     /* one scratch allocation: per block dx, dx * sum(xq), sum(xq) (4-byte each), then the int8 rows */
     size_t per_block = (size_t)(M * nb);
@@ -301,11 +301,17 @@ int block_matmul_f32(const float *x, int64_t M, int64_t K, int64_t x_stride, con
     int32_t *sq = (int32_t *)(sx + per_block);
     int8_t *xq = (int8_t *)(sq + per_block);
     quantize_rows(x, M, K, x_stride, xq, dx, sx, sq);
-    job_t job = {packed, scale, dx, sx, xq, sq, y, M, K, N, nb, tiles, 1,
+    job_t job = {packed, scale, dx, sx, xq, sq, y, M, K, N, y_stride, nb, tiles, 1,
                  bits == 4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES, bits};
     int64_t chunks = nthreads > 1 ? 8 * (int64_t)nthreads : 1; /* a few tasks per thread: late helpers matter less */
     job.per_task = (tiles + chunks - 1) / chunks;
     pool_run(run_tiles, &job, (tiles + job.per_task - 1) / job.per_task, nthreads);
     free(scratch);
     return 0;
+}
+
+/* block_matmul_strided with y (M, N) contiguous. */
+int block_matmul_f32(const float *x, int64_t M, int64_t K, int64_t x_stride, const uint8_t *packed,
+                     const float *scale, int bits, int64_t N, float *y, int nthreads) {
+    return block_matmul_strided(x, M, K, x_stride, packed, scale, bits, N, y, N, nthreads);
 }

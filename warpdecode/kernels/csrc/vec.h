@@ -3,8 +3,12 @@
 #ifndef WARPDECODE_VEC_H
 #define WARPDECODE_VEC_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define LANES 16
 typedef float v16 __attribute__((vector_size(LANES * sizeof(float))));
@@ -46,6 +50,16 @@ static inline float exp_nonpositive(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale * under;
+}
+
+/* a * b + c with one rounding per lane (the same bits on every path). */
+static inline v16 fma16(v16 a, v16 b, v16 c) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+    for (int l = 0; l < LANES; l++) c[l] = fmaf(a[l], b[l], c[l]);
+    return c;
+#endif
 }
 
 #endif

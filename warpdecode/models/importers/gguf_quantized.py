@@ -177,17 +177,22 @@ def _quantized(parts: list[tuple[Tensor, Tensor, Tensor] | Tensor], bias: Tensor
     return (Int4Weight if bits == 4 else Int8Weight).of(dense[:, :in_features], bias)
 
 
-def _int8_in_slices(table: GgufEmbedding) -> Int8Weight:
-    """The per-channel int8 copy of a GGUF (V, C) table, `HEAD_ROWS_PER_SLICE` dequantised rows at a
-    time (per-channel quantisation treats every row alone, so the slices give the whole's result)."""
-    parts = (Int8Weight.of(table.dense_rows(torch.arange(lo, min(lo + HEAD_ROWS_PER_SLICE, table.num_embeddings))))
-             for lo in range(0, table.num_embeddings, HEAD_ROWS_PER_SLICE))  # made one at a time, as stacked
-    return Int8Weight.stacked(parts, table.num_embeddings)
+def _int8_in_slices(table: GgufEmbedding, rows: int) -> Int8Weight:
+    """The per-channel int8 copy of the first `rows` rows of a GGUF (V, C) table, `HEAD_ROWS_PER_SLICE`
+    dequantised rows at a time (per-channel quantisation treats every row alone, so the slices give the
+    whole's result)."""
+    parts = (Int8Weight.of(table.dense_rows(torch.arange(lo, min(lo + HEAD_ROWS_PER_SLICE, rows))))
+             for lo in range(0, rows, HEAD_ROWS_PER_SLICE))  # made one at a time, as stacked
+    return Int8Weight.stacked(parts, rows)
 
 
-def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
+def read_gguf_quantized(path: Path, config: ModelConfig, head_rows: int | None = None) -> Transformer:
     """The model of the GGUF file at `path` (of architecture `config`), its block weights in their own
-    quantised format (see the module docstring)."""
+    quantised format (see the module docstring). `head_rows`: keep only the LM head's first rows (the
+    logits of the first token ids: a draft model's FR-Spec vocabulary), never making the others (at
+    least the vocabulary: the whole head)."""
+    if head_rows is not None and head_rows < 1:
+        raise ConfigError(f"head rows must be >= 1, got {head_rows}")
     try:
         reader = _Reader(path, config)
     except ImportError as e:
@@ -197,12 +202,12 @@ def read_gguf_quantized(path: Path, config: ModelConfig) -> Transformer:
     embed = GgufEmbedding(reader.rows("token_embd.weight"), reader.tensor_type("token_embd.weight"), config.d_model)
     model.embed = embed  # type: ignore[assignment]
     model.norm.weight = nn.Parameter(reader.dense("output_norm.weight"), requires_grad=False)
-    if model.lm_head is None:  # tied: the head is the embedding's int8 copy
-        model.lm_head = Linear(config.d_model, config.vocab_size, bias=False, device="meta")
-        head = embed
-    else:
-        head = GgufEmbedding(reader.rows("output.weight"), reader.tensor_type("output.weight"), config.d_model)
-    model.lm_head.quantized = _int8_in_slices(head)
+    rows = config.vocab_size if head_rows is None else min(head_rows, config.vocab_size)
+    if model.lm_head is None or rows < config.vocab_size:  # tied (the embedding's int8 copy) or cut: a head of its own
+        model.lm_head = Linear(config.d_model, rows, bias=False, device="meta")
+    head = embed if config.tie_embeddings else GgufEmbedding(reader.rows("output.weight"),
+                                                              reader.tensor_type("output.weight"), config.d_model)
+    model.lm_head.quantized = _int8_in_slices(head, rows)
     model.lm_head.weight = nn.Parameter(torch.empty(0, config.d_model), requires_grad=False)
     bits: set[int] = set()
     for i, module in enumerate(model.blocks):
