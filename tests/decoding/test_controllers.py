@@ -35,15 +35,20 @@ def test_adaptive_rejects_inconsistent_bounds():
         AdaptiveLength(initial=10, max_nodes=4)
 
 
-def test_adaptive_prompt_lookup_stays_lossless(single_thread):
+def repetitive_model():
+    """A tiny random model and a prompt that repeats itself (prompt lookup drafts from it)."""
     from warpdecode.models.config import ModelConfig
     from warpdecode.models.transformer import Transformer
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=128))
     model.init_weights(std=0.5)
-    prompt = [3, 4, 5, 6] * 6
-    plain = generate(model.eval(), None, prompt, max_new_tokens=30, stop_at_eos=False)
+    return model.eval(), [3, 4, 5, 6] * 6
+
+
+def test_adaptive_prompt_lookup_stays_lossless(single_thread):
+    model, prompt = repetitive_model()
+    plain = generate(model, None, prompt, max_new_tokens=30, stop_at_eos=False)
     adaptive = generate(model, None, prompt, max_new_tokens=30, stop_at_eos=False,
                         method=build_method("prompt_lookup", controller="adaptive"))
     assert adaptive.token_ids == plain.token_ids
@@ -96,14 +101,8 @@ def test_cost_controller_cuts_weak_drafts_and_still_explores():
 
 
 def test_cost_controller_prompt_lookup_stays_lossless(single_thread):
-    from warpdecode.models.config import ModelConfig
-    from warpdecode.models.transformer import Transformer
-
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_ff=32, max_seq_len=128))
-    model.init_weights(std=0.5)
-    prompt = [3, 4, 5, 6] * 6
-    plain = generate(model.eval(), None, prompt, max_new_tokens=40, stop_at_eos=False)
+    model, prompt = repetitive_model()
+    plain = generate(model, None, prompt, max_new_tokens=40, stop_at_eos=False)
     method = build_method("prompt_lookup", controller="cost")
     for _ in range(2):  # the second request starts with the first one's measurements
         cut = generate(model, None, prompt, max_new_tokens=40, stop_at_eos=False, method=method)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from warpdecode.kernels.block_matmul import native_library as block_library
 from warpdecode.kernels.exact_attention import Visibility
-from warpdecode.kernels.native import compiled
+from warpdecode.kernels.native import bound
 from warpdecode.kernels.quantized import BlockInt4Weight, BlockInt8Weight
 
 StackImpl = Literal["auto", "torch", "native"]
@@ -86,13 +86,9 @@ def native_library() -> ctypes.CDLL | str:
     reason = block_library()
     if isinstance(reason, str):
         return reason
-    lib = compiled()
-    assert not isinstance(lib, str)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.decoder_stack_f32.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr,
-                                      ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
-    lib.decoder_stack_f32.restype = ctypes.c_int
-    return lib
+    return bound("decoder_stack_f32", [ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr,
+                                       ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int], ctypes.c_int)
 
 
 def _matrix(w: StackWeight | None) -> list[int]:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from warpdecode.kernels.native import compiled
+from warpdecode.kernels.native import bound
 
 DenseImpl = Literal["auto", "torch", "native"]
 
@@ -27,13 +27,8 @@ DenseImpl = Literal["auto", "torch", "native"]
 @functools.cache
 def native_library() -> ctypes.CDLL | str:
     """The compiled kernel, or why there is none (one line)."""
-    lib = compiled()
-    if isinstance(lib, str):
-        return lib
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.dense_matmul_f32.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ctypes.c_int]
-    lib.dense_matmul_f32.restype = None
-    return lib
+    return bound("dense_matmul_f32", [ptr, i64, i64, i64, ptr, i64, ptr, i64, ctypes.c_int], None)
 
 
 def dense_matmul(x: Tensor, weight: Tensor, *, impl: DenseImpl = "auto") -> Tensor:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from warpdecode.kernels.native import compiled
+from warpdecode.kernels.native import bound
 
 ExactImpl = Literal["auto", "torch", "native"]
 
@@ -91,14 +91,9 @@ class Visibility:
 @functools.cache
 def native_library() -> ctypes.CDLL | str:
     """The compiled kernel, or why there is none (a one-line reason; `kernels.native`)."""
-    lib = compiled()
-    if isinstance(lib, str):
-        return lib
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.exact_attention_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64,
-                                        ptr, ptr, ptr, ctypes.c_float, ctypes.c_int]
-    lib.exact_attention_f32.restype = ctypes.c_int
-    return lib
+    return bound("exact_attention_f32", [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64,
+                                         ptr, ptr, ptr, ctypes.c_float, ctypes.c_int], ctypes.c_int)
 
 
 def resolve_exact_impl(impl: str, q: Tensor) -> Literal["torch", "native"]:

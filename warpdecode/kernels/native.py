@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from warpdecode.io import cache_dir
 
@@ -69,3 +70,13 @@ def compiled() -> ctypes.CDLL | str:
         return ctypes.CDLL(str(target))
     except OSError as e:
         return f"loading {target} failed: {e}"
+
+
+def bound(name: str, argtypes: list[Any], restype: Any) -> ctypes.CDLL | str:
+    """The library with the C function `name`'s signature declared, or why there is no library (one line)."""
+    lib = compiled()
+    if isinstance(lib, str):
+        return lib
+    function = getattr(lib, name)
+    function.argtypes, function.restype = argtypes, restype
+    return lib
