@@ -171,3 +171,30 @@ def test_a_request_that_joins_the_batch_midway_keeps_its_logprobs(tiny, served):
     alone = httpx.post(served.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]
     assert joined["logprobs"] == alone["logprobs"] and joined["text"] == alone["text"]
     assert beside["logprobs"]["token_logprobs"] == alone["logprobs"]["token_logprobs"][:6]
+
+
+def test_echo_returns_the_prompt_and_its_logprobs_before_the_completion(client, tiny):
+    _, tokenizer = tiny
+    prompt = tokenizer.encode(PROMPT)
+    text, logprobs, _ = completion(client, logprobs=2)
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=2,
+                                    echo=True)
+    echoed = out.choices[0].logprobs.model_dump()
+    assert out.choices[0].text == PROMPT + text
+    n = len(prompt)
+    assert echoed["tokens"] == [tokenizer.decode([t], skip_special_tokens=False) for t in prompt] + logprobs["tokens"]
+    assert echoed["token_logprobs"][0] is None and echoed["top_logprobs"][0] is None  # the first token: nothing before it
+    assert echoed["token_logprobs"][n:] == logprobs["token_logprobs"]  # the completion's own, unchanged
+    want = reference(tiny, prompt[:1], prompt[1:])  # (n - 1, V): log_softmax before each later prompt token
+    torch.testing.assert_close(torch.tensor(echoed["token_logprobs"][1:n]), want[torch.arange(n - 1), prompt[1:]],
+                               atol=1e-5, rtol=0)
+    for top, row in zip(echoed["top_logprobs"][1:n], want, strict=True):
+        assert {tokenizer.decode([t], skip_special_tokens=False) for t in row.topk(2).indices.tolist()} <= set(top)
+    offsets = echoed["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[n] == len(PROMPT)
+    # max_tokens=0: the prompt scored alone (a log-likelihood request), the same numbers
+    scored = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=0, logprobs=2, echo=True)
+    assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs.model_dump()["token_logprobs"] == echoed["token_logprobs"][:n]
+    plain = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, echo=True)
+    assert plain.choices[0].text.startswith(PROMPT) and plain.choices[0].logprobs is None

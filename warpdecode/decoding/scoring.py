@@ -92,6 +92,25 @@ class TokenScorer:
         return scores(logits, torch.tensor(tokens, device=device), self.top)
 
 
+@torch.inference_mode()
+def prompt_logprobs(target: Backbone, prompt: list[int], top: int = 0) -> list[TokenLogprob]:
+    """The log-probability of every prompt token after the ones before it (the first has none: not in
+    the list) and of the `top` most likely tokens there: what OpenAI's `echo` reports for a prompt. The
+    prompt is read `SCORE_CHUNK` tokens per forward, so only a chunk's (T, V) logits exist at a time."""
+    if not prompt:
+        raise ConfigError("scoring needs a non-empty prompt")
+    device = target.embed.weight.device
+    cache = KVCache.for_model(target.config, 1, len(prompt), dtype=target.embed.weight.dtype, device=device,
+                              zeroed=False)
+    scored: list[TokenLogprob] = []
+    for i in range(0, len(prompt) - 1, SCORE_CHUNK):
+        chunk = prompt[i : i + SCORE_CHUNK]
+        logits = target(torch.tensor([chunk], device=device), cache=cache).logits[0]  # (T, V): before each next token
+        following = prompt[i + 1 : i + 1 + len(chunk)]
+        scored += scores(logits[: len(following)], torch.tensor(following, device=device), top)
+    return scored
+
+
 def scores(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
     """Every token's log-probability under its row of raw `logits` and the `top` most likely tokens.
 

@@ -30,6 +30,7 @@ from warpdecode.decoding.generate import prompt_ids
 from warpdecode.decoding.sampler import SamplingConfig
 from warpdecode.decoding.specs import MethodSpec, parse_method
 from warpdecode.errors import WarpdecodeError, one_line
+from warpdecode.serve.echo import Echo
 from warpdecode.serve.logprobs import HeldLogprobs, LogprobsFormat, TokenStrings
 from warpdecode.serve.metrics import ServerMetrics
 from warpdecode.serve.protocol import (
@@ -160,7 +161,21 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
             raise bad_request(f"prompt token ids must be in [0, {target.config.vocab_size})", "prompt")
         ids = await run_in_threadpool(_prompt_ids, lambda: prompt_ids(target, tokenizer, prompt, chat=False),
                                       "prompt")
-        return await _answer(request, req, ids, req.max_tokens, "completion")
+        echo = None
+        if req.echo:
+            text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt, skip_special_tokens=False)
+            if req.logprobs is not None:
+                await run_in_threadpool(strings.ready)
+            echo = await run_in_threadpool(Echo.of, target, text, ids, req.logprobs)
+            if req.max_tokens == 0:  # the prompt scored alone
+                fmt = None if req.logprobs is None else LogprobsFormat("completion", strings)
+                answer = echo.choice("", None, fmt)
+                choices = [{"index": i, "text": answer[0], "logprobs": answer[1], "finish_reason": "length"}
+                           for i in range(req.n)]
+                return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                                     "created": int(time.time()), "model": model_name, "choices": choices,
+                                     "usage": Usage(len(ids), 0).to_dict()})
+        return await _answer(request, req, ids, req.max_tokens, "completion", echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -177,7 +192,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         return await _answer(request, req, ids, req.token_limit, "chat")
 
     async def _answer(request: Request, req: CompletionRequest | ChatCompletionRequest, ids: list[int],
-                      max_tokens: int | None, kind: Kind) -> Response:
+                      max_tokens: int | None, kind: Kind, echo: Echo | None = None) -> Response:
         room = context - len(ids)
         if max_tokens is None:
             max_tokens = room
@@ -251,9 +266,9 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
             choices.cancel()
             raise
         answers = [("".join(parts[i]), done[i]) for i in range(len(jobs)) for _ in range(copies)]
-        if fmt is None:
+        if fmt is None and echo is None:
             return JSONResponse(_full(kind, meta, answers))
-        return JSONResponse(await run_in_threadpool(_full, kind, meta, answers, fmt))  # many token strings
+        return JSONResponse(await run_in_threadpool(_full, kind, meta, answers, fmt, echo))  # many token strings
 
     return app
 
@@ -336,9 +351,14 @@ def _usage(finished: list[Finished]) -> Usage:
 
 
 def _full(kind: Kind, meta: dict[str, Any], answers: list[tuple[str, Finished]],
-          fmt: LogprobsFormat | None = None) -> dict[str, Any]:
+          fmt: LogprobsFormat | None = None, echo: Echo | None = None) -> dict[str, Any]:
     usage = _usage([done for _, done in answers]).to_dict()
-    logprobs = [None if fmt is None or done.logprobs is None else fmt(done.logprobs) for _, done in answers]
+    if echo is not None:  # a completion's prompt before each choice
+        echoed = [echo.choice(text, done.logprobs, fmt) for text, done in answers]
+        answers = [(text, done) for (text, _), (_, done) in zip(echoed, answers, strict=True)]
+        logprobs = [lp for _, lp in echoed]
+    else:
+        logprobs = [None if fmt is None or done.logprobs is None else fmt(done.logprobs) for _, done in answers]
     choices: list[dict[str, Any]]
     if kind == "chat":
         choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs[i],

@@ -86,6 +86,9 @@ class TokenStrings:
         return list(ll_tokenizer(self.tokenizer, self.vocab_size, self.stop_ids).decode_bytes([token]))
 
 
+_LEGACY_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+
+
 class LogprobsFormat:
     """The `logprobs` object of a choice (or of a stream chunk) in `kind`'s shape (module docstring)."""
 
@@ -109,6 +112,16 @@ class LogprobsFormat:
         return {"tokens": [text(s.token) for s in scored], "token_logprobs": [s.logprob for s in scored],
                 "top_logprobs": [{**{text(t): lp for t, lp in s.top}, text(s.token): s.logprob} for s in scored],
                 "text_offset": offsets}
+
+    def echoed(self, prompt: list[int], scored: list[TokenLogprob], generated: dict[str, Any] | None) -> dict[str, Any]:
+        """A completion's `logprobs` with its echoed prompt first (`echo`): the prompt's tokens, the first
+        without a log-probability (`null`, as OpenAI's), then `generated`'s (from `__call__` with the prompt's
+        characters as offset; None: no new tokens)."""
+        head = self(scored, len(self.strings.text(prompt[0]))) if scored else {key: [] for key in _LEGACY_KEYS}
+        first = {"tokens": [self.strings.text(prompt[0])], "token_logprobs": [None], "top_logprobs": [None],
+                 "text_offset": [0]}
+        rest = generated or {key: [] for key in _LEGACY_KEYS}
+        return {key: first[key] + head[key] + rest[key] for key in _LEGACY_KEYS}
 
     def _entry(self, token: int, logprob: float) -> dict[str, Any]:
         return {"token": self.strings.text(token), "logprob": logprob, "bytes": self.strings.bytes(token)}

@@ -2,7 +2,7 @@
 
 Bodies are parsed strictly: a wrong type (`"max_tokens": "5"`), a value out of range or a field the
 server does not know is a 400 that names the field, as OpenAI's own API answers. Fields of the API
-that the server accepts but cannot honour yet (`echo`, tools ...) are refused by
+that the server accepts but cannot honour yet (`echo` with `stream`, tools ...) are refused by
 name rather than ignored, so a client never gets an answer to a question it did not ask.
 
 Extension field: `speculation`, a method spec `NAME[:KEY=VALUE...]` (decoding/specs.py), picks the
@@ -141,7 +141,8 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)
+    """0 with `echo`: score the prompt alone (its log-probabilities, no new token)."""
     logprobs: int | None = Field(None, ge=0, le=5)
     """The log-probability of every new token and of this many most likely tokens at its position
     (OpenAI's legacy shape: `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
@@ -151,8 +152,10 @@ class CompletionRequest(_Sampling):
 
     def check(self) -> None:
         self.check_common()
-        if self.echo:
-            raise bad_request("echo is not supported yet", "echo")
+        if self.echo and self.stream:
+            raise bad_request("echo is not supported with stream yet", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("max_tokens=0 needs echo (it scores the prompt alone)", "max_tokens")
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
