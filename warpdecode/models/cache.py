@@ -249,10 +249,14 @@ class KVCache:
         """
         tree_start = tree_start.to(torch.int64).cpu()
         num_accepted = num_accepted.to(torch.int64).cpu()
+        path = path.cpu().to(torch.int64)
         width = path.shape[1]
+        order = torch.arange(width)[None, :]  # (1, A)
+        if width and bool(((path == order) | (order >= num_accepted[:, None])).all()):
+            width = 0  # every accepted node is already at its slot (plain steps, chains): nothing moves
         if width:
             device = self.k.device
-            src = (tree_start[:, None] + path.cpu().to(torch.int64)).to(device)  # (B, A)
+            src = (tree_start[:, None] + path).to(device)  # (B, A)
             dst = (tree_start[:, None] + torch.arange(width)).to(device)  # (B, A)
             keep = (torch.arange(width)[None, :] < num_accepted[:, None]).to(device)  # (B, A)
             src = torch.where(keep, src, dst)  # padded entries copy a slot onto itself
