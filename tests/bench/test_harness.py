@@ -299,7 +299,43 @@ def test_llama_cpp_peer_is_a_one_line_note_when_not_installed(monkeypatch):
     from warpdecode.bench.harness import _llama_cpp_row
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
-    built, skipped = _llama_cpp_row(BenchConfig(model="model.gguf", peers="auto"), greedy_target(), None)
+    built, skipped = _llama_cpp_row(BenchConfig(model="model.gguf", peers="auto"), [], greedy_target(), None)
     assert built == {} and "llama-cpp-python is not installed" in skipped["llama.cpp"]
     assert "\n" not in skipped["llama.cpp"]
-    assert _llama_cpp_row(BenchConfig(model="a/directory", peers="auto"), greedy_target(), None) == ({}, {})
+    assert _llama_cpp_row(BenchConfig(model="a/directory", peers="auto"), [], greedy_target(), None) == ({}, {})
+
+
+def test_llama_cpp_peer_drafts_with_its_own_prompt_lookup(monkeypatch):
+    """A listed `prompt_lookup` adds llama-cpp-python's prompt-lookup drafting at the same sizes, one row
+    per (n-gram, draft size): a controller is warpdecode's own."""
+    import sys
+    import types
+
+    from tiny_models import greedy_target
+
+    from warpdecode.bench.harness import _llama_cpp_row
+    from warpdecode.bench.specs import parse_methods
+
+    made = []
+
+    class Llama:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+    class LlamaPromptLookupDecoding:
+        def __init__(self, max_ngram_size, num_pred_tokens):
+            self.sizes = (max_ngram_size, num_pred_tokens)
+
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = Llama
+    speculative = types.ModuleType("llama_cpp.llama_speculative")
+    speculative.LlamaPromptLookupDecoding = LlamaPromptLookupDecoding
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+    specs = parse_methods("none,prompt_lookup,prompt_lookup:controller=cost,prompt_lookup:num_tokens=4")
+    built, skipped = _llama_cpp_row(BenchConfig(model="model.gguf", peers="llama.cpp", threads=2), specs,
+                                    greedy_target(), None)
+    assert skipped == {} and list(built) == ["llama.cpp", "llama.cpp/prompt_lookup", "llama.cpp/prompt_lookup:num_tokens=4"]
+    assert made[0]["draft_model"] is None and not made[0]["logits_all"]
+    assert [m["draft_model"].sizes for m in made[1:]] == [(3, 10), (3, 4)] and all(m["logits_all"] for m in made[1:])
+    assert built["llama.cpp/prompt_lookup"].generate_kwargs["num_pred_tokens"] == 10

@@ -175,9 +175,12 @@ def _method_rows(specs: list[MethodSpec], backends: list[str], dtypes: list[str]
     return rows, built, unsupported
 
 
-def _llama_cpp_row(config: BenchConfig, backbone: Backbone, tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
+def _llama_cpp_row(config: BenchConfig, specs: list[MethodSpec], backbone: Backbone,
+                   tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str]]:
     """llama.cpp's greedy decoding of --model's GGUF file (a named model's or a .gguf path), with `--peers auto`
-    (a one-line note when llama-cpp-python is not installed) or `--peers llama.cpp`."""
+    (a one-line note when llama-cpp-python is not installed) or `--peers llama.cpp`; and for each listed
+    `prompt_lookup` method, llama.cpp's own prompt-lookup drafting with its n-gram and draft sizes
+    (`llama.cpp/<its label>`; the controller and the chain scaling are warpdecode's own)."""
     name = peer_lib.LlamaCppGenerate.name
     if config.peers not in ("auto", name) or config.temperature > 0:
         return {}, {}
@@ -187,13 +190,22 @@ def _llama_cpp_row(config: BenchConfig, backbone: Backbone, tokenizer: Tokenizer
         gguf = Path(config.model)
     else:
         return {}, {} if config.peers == "auto" else {name: "--model is not a GGUF file"}
+    modes: dict[str, tuple[int, int] | None] = {name: None}
+    for spec in specs:
+        if spec.name == "prompt_lookup":
+            options = {k: v["default"] for k, v in registry.options(registry.get("drafter", spec.name)).items()}
+            mode = ((options | spec.options)["max_ngram"], (options | spec.options)["num_tokens"])
+            if mode not in modes.values():  # one row per n-gram and draft size (controllers are warpdecode's)
+                modes[f"{name}/{spec.label}"] = mode
+    peers: dict[str, Any] = {}
     try:
-        llama = peer_lib.LlamaCppGenerate(gguf, threads=config.threads or torch.get_num_threads(),
-                                          context=backbone.config.max_seq_len,
-                                          stop_ids=stop_token_ids(backbone, tokenizer))
+        for label, mode in modes.items():
+            peers[label] = peer_lib.LlamaCppGenerate(gguf, threads=config.threads or torch.get_num_threads(),
+                                                     context=backbone.config.max_seq_len,
+                                                     stop_ids=stop_token_ids(backbone, tokenizer), prompt_lookup=mode)
     except CapabilityError as e:
         return {}, {name: str(e)}
-    return {name: llama}, {}
+    return peers, {}
 
 
 def _peers(config: BenchConfig, specs: list[MethodSpec], package: InferencePackage | None,
@@ -202,7 +214,7 @@ def _peers(config: BenchConfig, specs: list[MethodSpec], package: InferencePacka
     written to a temporary one; and llama.cpp on the model's GGUF file."""
     if package is None and not is_random(config.model):
         built, skipped = _peer_rows(config, specs, resolve(config.model))
-        llama, llama_skipped = _llama_cpp_row(config, backbones[TORCH], tokenizer)
+        llama, llama_skipped = _llama_cpp_row(config, specs, backbones[TORCH], tokenizer)
         return built | llama, skipped | llama_skipped
     with tempfile.TemporaryDirectory(prefix="warpdecode-peer-") as tmp:
         if config.peers != "none":

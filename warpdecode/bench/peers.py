@@ -95,16 +95,27 @@ class LlamaCppGenerate:
     name = "llama.cpp"
     INSTALL = "pip install llama-cpp-python (builds llama.cpp from source with cmake)"
 
-    def __init__(self, gguf: Path, *, threads: int, context: int, stop_ids: set[int]) -> None:
+    def __init__(self, gguf: Path, *, threads: int, context: int, stop_ids: set[int],
+                 prompt_lookup: tuple[int, int] | None = None) -> None:
+        """`prompt_lookup`: (max n-gram, draft tokens) of llama-cpp-python's own prompt-lookup drafting
+        (`LlamaPromptLookupDecoding`), the peer of warpdecode's `prompt_lookup`; None: plain decoding."""
         try:
             import llama_cpp
         except ImportError as e:
             raise CapabilityError(f"llama-cpp-python is not installed: {self.INSTALL}") from e
         self.stop_ids = stop_ids
+        draft = None
+        if prompt_lookup is not None:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(max_ngram_size=prompt_lookup[0], num_pred_tokens=prompt_lookup[1])
+        # with a draft, llama-cpp-python reads every position's logits: its score table must hold them all
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                                   verbose=False)
+                                   draft_model=draft, logits_all=draft is not None, verbose=False)
         self.generate_kwargs: dict[str, Any] = {"gguf": gguf.name, "n_threads": threads,
                                                 "llama_cpp": getattr(llama_cpp, "__version__", "?")}
+        if prompt_lookup is not None:
+            self.generate_kwargs |= {"max_ngram_size": prompt_lookup[0], "num_pred_tokens": prompt_lookup[1]}
 
     def generate(self, ids: list[int], max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> PeerResult:
