@@ -194,9 +194,9 @@ def _llama_cpp_row(config: BenchConfig, specs: list[MethodSpec], backbone: Backb
     for spec in specs:
         if spec.name == "prompt_lookup":
             options = {k: v["default"] for k, v in registry.options(registry.get("drafter", spec.name)).items()}
-            mode = ((options | spec.options)["max_ngram"], (options | spec.options)["num_tokens"])
-            if mode not in modes.values():  # one row per n-gram and draft size (controllers are warpdecode's)
-                modes[f"{name}/{spec.label}"] = mode
+            sizes = (int((options | spec.options)["max_ngram"]), int((options | spec.options)["num_tokens"]))
+            if sizes not in modes.values():  # one row per n-gram and draft size (controllers are warpdecode's)
+                modes[f"{name}/{spec.label}"] = sizes
     peers: dict[str, Any] = {}
     try:
         for label, mode in modes.items():
