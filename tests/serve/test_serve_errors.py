@@ -40,7 +40,6 @@ MALFORMED = [
     (COMPLETIONS, b'{"prompt": "x", "logprobs": 6}', 400, "logprobs"),
     (COMPLETIONS, b'{"prompt": "x", "logprobs": -1}', 400, "logprobs"),
     (COMPLETIONS, b'{"prompt": "x", "logprobs": true}', 400, "logprobs"),
-    (COMPLETIONS, b'{"prompt": "x", "echo": true, "stream": true}', 400, "echo"),
     (COMPLETIONS, b'{"prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
     (COMPLETIONS, b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400, "stream_options"),
     (COMPLETIONS, b'{"prompt": "x", "model": "other"}', 404, "model"),

@@ -196,5 +196,7 @@ def test_echo_returns_the_prompt_and_its_logprobs_before_the_completion(client, 
     scored = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=0, logprobs=2, echo=True)
     assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
     assert scored.choices[0].logprobs.model_dump()["token_logprobs"] == echoed["token_logprobs"][:n]
+    streamed_text, streamed, _ = completion(client, stream=True, logprobs=2, echo=True)  # the prompt's chunk first
+    assert streamed_text == out.choices[0].text and streamed == echoed
     plain = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, echo=True)
     assert plain.choices[0].text.startswith(PROMPT) and plain.choices[0].logprobs is None

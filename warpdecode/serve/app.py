@@ -245,7 +245,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
             choices.cancel()
             raise first[1].error
         if req.stream:
-            return StreamingResponse(_stream(choices, first, kind, meta, req.include_usage, fmt),
+            return StreamingResponse(_stream(choices, first, kind, meta, req.include_usage, fmt, echo),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         parts: list[list[str]] = [[] for _ in jobs]
         done: dict[int, Finished] = {}
@@ -387,10 +387,11 @@ def _sse(body: dict[str, Any] | str) -> bytes:
 
 
 async def _stream(choices: _Choices, first: tuple[int, Event], kind: Kind, meta: dict[str, Any],
-                  include_usage: bool, fmt: LogprobsFormat | None = None) -> AsyncIterator[bytes]:
+                  include_usage: bool, fmt: LogprobsFormat | None = None, echo: Echo | None = None) -> AsyncIterator[bytes]:
     """The jobs' events as OpenAI's stream chunks, one choice per chunk (`index`), in the order they come;
     the jobs are cancelled if the stream ends early (the client went away and the response was cancelled).
-    With `fmt`, a chunk carries the logprobs of the tokens that came since the last chunk."""
+    With `fmt`, a chunk carries the logprobs of the tokens that came since the last chunk; with `echo`, each
+    choice's first chunk is the prompt (and its logprobs)."""
     finished: dict[int, Finished] = {}
     failed = False
     held = HeldLogprobs(fmt)
@@ -398,6 +399,12 @@ async def _stream(choices: _Choices, first: tuple[int, Event], kind: Kind, meta:
         if kind == "chat":
             for index in range(len(choices.jobs) * choices.copies):
                 yield _chunk(kind, meta, index, "", None, role=True)
+        if echo is not None:
+            text, lp = echo.choice("", None, fmt)
+            for job in range(len(choices.jobs)):
+                held.offsets[job] = len(echo.text)  # the completion's offsets follow the prompt's text
+                for index in choices.indices(job):
+                    yield _chunk(kind, meta, index, text, None, logprobs=lp)
         job, event = first
         while True:
             if isinstance(event, Delta):

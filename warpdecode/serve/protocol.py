@@ -2,7 +2,7 @@
 
 Bodies are parsed strictly: a wrong type (`"max_tokens": "5"`), a value out of range or a field the
 server does not know is a 400 that names the field, as OpenAI's own API answers. Fields of the API
-that the server accepts but cannot honour yet (`echo` with `stream`, tools ...) are refused by
+that the server accepts but cannot honour yet (tools, `logit_bias` ...) are refused by
 name rather than ignored, so a client never gets an answer to a question it did not ask.
 
 Extension field: `speculation`, a method spec `NAME[:KEY=VALUE...]` (decoding/specs.py), picks the
@@ -152,8 +152,6 @@ class CompletionRequest(_Sampling):
 
     def check(self) -> None:
         self.check_common()
-        if self.echo and self.stream:
-            raise bad_request("echo is not supported with stream yet", "echo")
         if self.max_tokens == 0 and not self.echo:
             raise bad_request("max_tokens=0 needs echo (it scores the prompt alone)", "max_tokens")
         if self.suffix:
