@@ -1,8 +1,8 @@
 """`echo` on `/v1/completions`: the prompt comes back before the completion, with its tokens'
 log-probabilities when `logprobs` is set (the first token has none: `null`, as OpenAI's API answers),
 and `max_tokens: 0` scores a prompt without generating (the request evaluation harnesses send for a
-text's log-likelihood). Streamed, each choice's first chunk is the prompt. The prompt is scored by its own forwards (`decoding/scoring.prompt_logprobs`),
-`SCORE_CHUNK` tokens at a time.
+text's log-likelihood). Streamed, each choice's first chunk is the prompt. The prompt is scored by its
+own forwards (`decoding/scoring.prompt_logprobs`), `SCORE_CHUNK` tokens at a time.
 """
 
 from __future__ import annotations
