@@ -172,3 +172,26 @@ def test_float32_one_token_steps_run_on_the_stack_and_match_the_layers():
     assert torch.equal(dense_matmul(x[1:2], weight, impl="native")[0], y[1])
     with pytest.raises(ValueError, match="impl must be one of"):
         dense_matmul(x, weight, impl="fast")
+
+
+def test_a_layer_with_a_forward_hook_runs_its_pytorch_forward():
+    """A LoRA adapter hooks its layers' forwards: with one attached, steps never take the stack (which would
+    skip it), and the adapter's effect shows."""
+    from warpdecode.models.lora import attach_lora
+
+    torch.manual_seed(5)
+    model = Transformer(ModelConfig(max_seq_len=64, **SHAPES["llama"]))
+    model.init_weights(std=0.2)
+    model.eval()
+    assert isinstance(model.native_stack(), DecoderStack)
+    prompt = [5, 17, 3]
+    _, before, _ = steps(model, prompt, 3)
+    adapters = attach_lora(model, rank=2, alpha=4.0)
+    for p in adapters.parameters():  # a non-zero update (LoRA starts as the identity)
+        p.data.normal_(0, 0.5)
+    assert "forward hook" in model.native_stack()
+    _, hooked, _ = steps(model, prompt, 3)
+    model.stack_impl = "torch"
+    _, reference, _ = steps(model, prompt, 3)
+    for a, b, c in zip(hooked, reference, before, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4) and not torch.allclose(a, c, atol=1e-3)

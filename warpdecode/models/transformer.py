@@ -80,6 +80,13 @@ class LayerContext:
         return self.ragged[groups]
 
 
+def _global_forward_hooks() -> bool:
+    """Whether a forward hook is registered for every module (`nn.modules.module.register_module_forward_hook`)."""
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+
+
 def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return RMSNorm(config.d_model, config.norm_eps)
@@ -298,8 +305,9 @@ class Transformer(nn.Module):
     call of `kernels/decoder_stack.py` per forward; `torch`, the layers below (the reference); `auto`,
     native where it runs. The choice holds for every such step (the two round differently), so set it
     before decoding starts."""
-    _stack: tuple[nn.ModuleList, DecoderStack | str, tuple[Tensor, ...], tuple[int, ...]] | None = None
-    """(the blocks it was built from, the stack or why none, the float tensors it reads, their addresses)."""
+    _stack: tuple[nn.ModuleList, DecoderStack | str, tuple[Tensor, ...], tuple[int, ...], tuple[nn.Module, ...]] | None = None
+    """(the blocks it was built from, the stack or why none, the float tensors it reads, their addresses, the
+    blocks' modules, whose hooks the stack would skip)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -482,12 +490,16 @@ class Transformer(nn.Module):
     def native_stack(self) -> DecoderStack | str:
         """This model's layers as `kernels/decoder_stack.py` runs them, or why they cannot run there (one line).
         Built once; rebuilt when the blocks or the storage of a float tensor it reads change (`.to()`, a
-        reload), never for new values in the same storage (an optimizer step)."""
+        reload), never for new values in the same storage (an optimizer step). A layer with a forward hook
+        (a LoRA adapter, `models/lora.py`) runs its PyTorch forward: the stack would skip the hook."""
         cached = self._stack
         if (cached is None or cached[0] is not self.blocks
                 or any(t.data_ptr() != at for t, at in zip(cached[2], cached[3], strict=True))):
             stack, read = self._build_stack()
-            self._stack = cached = (self.blocks, stack, read, tuple(t.data_ptr() for t in read))
+            self._stack = cached = (self.blocks, stack, read, tuple(t.data_ptr() for t in read),
+                                    tuple(self.blocks.modules()))
+        if any(m._forward_hooks or m._forward_pre_hooks for m in cached[4]) or _global_forward_hooks():
+            return "a layer has a forward hook (e.g. a LoRA adapter): its PyTorch forward runs it"
         return cached[1]
 
     def _build_stack(self) -> tuple[DecoderStack | str, tuple[Tensor, ...]]:
