@@ -80,6 +80,29 @@ def test_commit_empty_path_only_sets_lengths() -> None:
     assert slot_ids(cache).tolist() == [list(range(S))] * 2
 
 
+def test_commit_of_nodes_already_in_place_moves_nothing(monkeypatch) -> None:
+    """A chain's accepted prefix (and a plain step's pending token) is already where it belongs: only the
+    lengths change, without touching the keys and values."""
+    cache = numbered_cache([9, 8])
+    k_before = cache.k.clone()
+    monkeypatch.setattr(cache, "k", _Guarded(cache.k))
+    cache.commit(torch.tensor([5, 4]), torch.tensor([[0, 1, 2, 7], [0, 1, 9, 9]]), torch.tensor([3, 2]))
+    assert cache.lengths.tolist() == [8, 6]
+    assert torch.equal(torch.Tensor(cache.k), k_before)
+    with pytest.raises(AssertionError, match="gathered"):  # a node out of place does move
+        cache.commit(torch.tensor([5, 4]), torch.tensor([[0, 2], [0, 1]]), torch.tensor([2, 2]))
+
+
+class _Guarded(torch.Tensor):
+    """A tensor that fails when indexed: `commit` must not gather or scatter."""
+
+    def __getitem__(self, index):
+        raise AssertionError("the cache was gathered from")
+
+    def __setitem__(self, index, value):
+        raise AssertionError("the cache was scattered into")
+
+
 def test_plan_write_uniform() -> None:
     cache = numbered_cache([3, 3])
     plan = cache.plan_write(4)
