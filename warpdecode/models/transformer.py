@@ -536,8 +536,8 @@ class Transformer(nn.Module):
     def _stack_for(self, x: Tensor, ctx: LayerContext, layer_gates: Tensor | None) -> DecoderStack | None:
         """The native stack when this forward runs on it, unless `stack_impl` is torch: a decode or verify
         step (up to `ROW_BY_ROW_MAX` tokens in all rows, or any cached forward inside `batch_invariant()`) of
-        a quantised model, a one-token step (`DENSE_STEP_ROWS`, outside `batch_invariant()`) of a float32
-        one; on the CPU, without autograd."""
+        a quantised model, a step of up to `DENSE_STEP_ROWS` tokens (outside `batch_invariant()`) of a
+        float32 one; on the CPU, without autograd."""
         if self.stack_impl == "torch":
             return None
         B, T, _ = x.shape
