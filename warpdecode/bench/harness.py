@@ -58,6 +58,12 @@ def _backbone_key(row: RowInfo, reference: str) -> str:
     return row.backend if row.dtype == reference else row.dtype
 
 
+def _drafter_options(spec: MethodSpec) -> dict[str, Any]:
+    """The options of `spec`'s drafter, its defaults filled in (what a peer's version of the method gets)."""
+    defaults = {k: v["default"] for k, v in registry.options(registry.get("drafter", spec.name)).items()}
+    return defaults | spec.options
+
+
 def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """Transformers rows: greedy, then its version of each listed method that has one."""
     if config.peers in ("none", peer_lib.LlamaCppGenerate.name):
@@ -75,12 +81,11 @@ def _peer_rows(config: BenchConfig, specs: list[MethodSpec], model_dir: Path) ->
         equivalent = peer_lib.TRANSFORMERS_EQUIVALENTS.get(spec.name)
         if equivalent is None:
             continue
-        defaults = {k: v["default"] for k, v in registry.options(registry.get("drafter", spec.name)).items()}
         label = f"{TRANSFORMERS}/{spec.label}"
         try:
             built[label] = peer_lib.TransformersGenerate(model_dir, model=base.model, device=config.device,
                                                          dtype=dtype,
-                                                         generate_kwargs=equivalent(defaults | spec.options, model_dir))
+                                                         generate_kwargs=equivalent(_drafter_options(spec), model_dir))
         except (CapabilityError, OSError, ValueError) as e:
             skipped[label] = f"{type(e).__name__}: {e}"
     return built, skipped
@@ -193,8 +198,8 @@ def _llama_cpp_row(config: BenchConfig, specs: list[MethodSpec], backbone: Backb
     modes: dict[str, tuple[int, int] | None] = {name: None}
     for spec in specs:
         if spec.name == "prompt_lookup":
-            options = {k: v["default"] for k, v in registry.options(registry.get("drafter", spec.name)).items()}
-            sizes = (int((options | spec.options)["max_ngram"]), int((options | spec.options)["num_tokens"]))
+            options = _drafter_options(spec)
+            sizes = (int(options["max_ngram"]), int(options["num_tokens"]))
             if sizes not in modes.values():  # one row per n-gram and draft size (controllers are warpdecode's)
                 modes[f"{name}/{spec.label}"] = sizes
     peers: dict[str, Any] = {}

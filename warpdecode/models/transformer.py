@@ -80,11 +80,30 @@ class LayerContext:
         return self.ragged[groups]
 
 
-def _global_forward_hooks() -> bool:
-    """Whether a forward hook is registered for every module (`nn.modules.module.register_module_forward_hook`)."""
-    from torch.nn.modules import module
+@dataclass(frozen=True)
+class _BuiltStack:
+    """A model's `DecoderStack` (or why none) and what says whether it still describes the model."""
 
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+    blocks: nn.ModuleList  # the blocks it was built from
+    stack: DecoderStack | str
+    read: tuple[Tensor, ...]  # the model's float tensors it reads in place
+    addresses: tuple[int, ...]  # their storage when it was built
+    modules: tuple[nn.Module, ...]  # the blocks' modules, whose forward hooks the stack would skip
+
+    @classmethod
+    def of(cls, blocks: nn.ModuleList, stack: DecoderStack | str, read: tuple[Tensor, ...]) -> _BuiltStack:
+        return cls(blocks, stack, read, tuple(t.data_ptr() for t in read), tuple(blocks.modules()))
+
+    def fresh(self, blocks: nn.ModuleList) -> bool:
+        """Built from these blocks, whose float tensors are still where they were."""
+        return self.blocks is blocks and all(t.data_ptr() == at for t, at in zip(self.read, self.addresses, strict=True))
+
+    def hooked(self) -> bool:
+        """A forward hook is registered on one of the blocks' modules, or on every module."""
+        from torch.nn.modules import module
+
+        return (bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+                or any(m._forward_hooks or m._forward_pre_hooks for m in self.modules))
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -305,9 +324,7 @@ class Transformer(nn.Module):
     call of `kernels/decoder_stack.py` per forward; `torch`, the layers below (the reference); `auto`,
     native where it runs. The choice holds for every such step (the two round differently), so set it
     before decoding starts."""
-    _stack: tuple[nn.ModuleList, DecoderStack | str, tuple[Tensor, ...], tuple[int, ...], tuple[nn.Module, ...]] | None = None
-    """(the blocks it was built from, the stack or why none, the float tensors it reads, their addresses, the
-    blocks' modules, whose hooks the stack would skip)."""
+    _stack: _BuiltStack | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -492,15 +509,12 @@ class Transformer(nn.Module):
         Built once; rebuilt when the blocks or the storage of a float tensor it reads change (`.to()`, a
         reload), never for new values in the same storage (an optimizer step). A layer with a forward hook
         (a LoRA adapter, `models/lora.py`) runs its PyTorch forward: the stack would skip the hook."""
-        cached = self._stack
-        if (cached is None or cached[0] is not self.blocks
-                or any(t.data_ptr() != at for t, at in zip(cached[2], cached[3], strict=True))):
-            stack, read = self._build_stack()
-            self._stack = cached = (self.blocks, stack, read, tuple(t.data_ptr() for t in read),
-                                    tuple(self.blocks.modules()))
-        if any(m._forward_hooks or m._forward_pre_hooks for m in cached[4]) or _global_forward_hooks():
+        built = self._stack
+        if built is None or not built.fresh(self.blocks):
+            self._stack = built = _BuiltStack.of(self.blocks, *self._build_stack())
+        if built.hooked():
             return "a layer has a forward hook (e.g. a LoRA adapter): its PyTorch forward runs it"
-        return cached[1]
+        return built.stack
 
     def _build_stack(self) -> tuple[DecoderStack | str, tuple[Tensor, ...]]:
         """The stack, or why none, and the model's float tensors it reads in place."""
@@ -612,10 +626,11 @@ class Transformer(nn.Module):
         """LM head: (..., C) final normed hidden states → (..., V) logits. A float32 CPU head of up to
         `DENSE_STEP_ROWS` rows outside `batch_invariant()` reads its weight in place with the native dense
         matmul (unless `stack_impl` is torch), like the one-token steps' layers."""
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        dense = (self.stack_impl != "torch" and weight.dtype == x.dtype == torch.float32 and weight.device.type == "cpu"
-                 and weight.numel() and x.numel() <= DENSE_STEP_ROWS * x.shape[-1] and not is_batch_invariant())
-        if self.lm_head is not None:
-            held = self.lm_head.quantized is not None or self.lm_head.bias is not None
-            return self.lm_head(x) if held or not dense else dense_matmul(x, self.lm_head.weight)
-        return dense_matmul(x, weight) if dense else linear(x, self.embed.weight, self._head_packed)
+        head = self.lm_head
+        if head is not None and (head.quantized is not None or head.bias is not None):
+            return head(x)
+        weight = self.embed.weight if head is None else head.weight
+        if (self.stack_impl != "torch" and weight.dtype == x.dtype == torch.float32 and weight.device.type == "cpu"
+                and weight.numel() and x.numel() <= DENSE_STEP_ROWS * x.shape[-1] and not is_batch_invariant()):
+            return dense_matmul(x, weight)
+        return head(x) if head is not None else linear(x, weight, self._head_packed)

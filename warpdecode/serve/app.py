@@ -172,8 +172,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
                 answer = echo.choice("", None, fmt)
                 choices = [{"index": i, "text": answer[0], "logprobs": answer[1], "finish_reason": "length"}
                            for i in range(req.n)]
-                return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                                     "created": int(time.time()), "model": model_name, "choices": choices,
+                return JSONResponse({**_meta("completion", model_name), "object": "text_completion", "choices": choices,
                                      "usage": Usage(len(ids), 0).to_dict()})
         return await _answer(request, req, ids, req.max_tokens, "completion", echo)
 
@@ -234,8 +233,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, default_method: str = "
         copies = 1 if sampling.do_sample else req.n
         scheduler.submit(*jobs)
         choices = _Choices(jobs, copies, events, request)
-        meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": model_name}
+        meta = _meta(kind, model_name)
         try:
             first = await choices.next()
         except BaseException:
@@ -343,6 +341,12 @@ class _Choices:
     def cancel(self) -> None:
         for job in self.jobs:
             job.cancel()
+
+
+def _meta(kind: Kind, model_name: str) -> dict[str, Any]:
+    """An answer's id, creation time and model."""
+    return {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": model_name}
 
 
 def _usage(finished: list[Finished]) -> Usage:
