@@ -213,3 +213,35 @@ def test_a_draft_vocabulary_prefix_stays_lossless(tiny_model_dir, single_thread,
         DraftModelDrafter(layers=2, vocab=100)
     with pytest.raises(ConfigError, match="exceeds the draft vocabulary of 4"):
         DraftModelDrafter(model=str(tiny_model_dir), vocab=4, top_k=5).prepare(target)
+
+
+def test_confidence_stops_the_chain_after_an_unsure_level(random_target, single_thread):
+    """confidence=c: the chain ends after the first level whose token has draft probability < c (the
+    token still proposed, no draft forward after it); output stays plain decoding's."""
+    drafter, state = started(random_target, PROMPTS[1], top_k=1, num_tokens=6)
+    full = drafter.propose(state, 100).tokens.tolist()
+    draft = first_layers(random_target, 1)
+    with torch.inference_mode():
+        probs = [float(draft(torch.tensor([state.tokens + full[:i]])).logits[0, -1].softmax(-1)[full[i]])
+                 for i in range(6)]
+    for c in (min(probs[:5]) / 2, (probs[0] + 1) / 2, sorted(probs[:5])[2] + 1e-6):
+        drafter, state = started(random_target, PROMPTS[1], top_k=1, num_tokens=6)
+        drafter.confidence = c
+        expected = next((i + 1 for i, p in enumerate(probs[:5]) if p < c), 6)
+        assert drafter.propose(state, 100).tokens.tolist() == full[:expected], c
+        assert drafter.fed == full[: expected - 1]  # the draft ran the kept levels only
+    for prompt in PROMPTS:
+        plain = generate(random_target, None, prompt, max_new_tokens=24, stop_at_eos=False)
+        method = build_method("draft_model", options={"layers": 1, "num_tokens": 5, "confidence": 0.5})
+        assert generate(random_target, None, prompt, max_new_tokens=24, stop_at_eos=False,
+                        method=method).token_ids == plain.token_ids
+        sampled = [generate(random_target, None, prompt, max_new_tokens=12, stop_at_eos=False, do_sample=True,
+                            seed=3, method=m).token_ids
+                   for m in ("none", build_method("draft_model", options={"layers": 1, "confidence": 0.5},
+                                                  do_sample=True))]
+        assert len(sampled[1]) == len(sampled[0]) == 12
+    for bad in (0, 1, 1.5):
+        with pytest.raises(ConfigError, match=r"confidence must be in \(0, 1\)"):
+            DraftModelDrafter(layers=1, confidence=bad)
+    with pytest.raises(ConfigError, match="num_nodes grows a dynamic tree"):
+        DraftModelDrafter(layers=1, confidence=0.5, num_nodes=8)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from warpdecode.errors import ConfigError
 from warpdecode.kernels.quantized import BlockInt4Weight, Int4Weight, TorchInt4Weight, quantized_available
 from warpdecode.models.importers.gguf_quantized import q4_1_groups, unpermute_rows
 
@@ -133,3 +134,50 @@ def test_a_native_model_with_the_first_head_rows_only():
     assert a.shape[-1] == 1000 and torch.equal(a, b[..., :1000])
     whole = load_backbones(None, None, ["torch"], dtype="native", head_rows=10**6)[0]["torch"]
     assert whole.lm_head.quantized.out_features == full.config.vocab_size
+
+
+@pytest.mark.skipif(not (quantized_available(4) and quantized_available(8)), reason="no CPU weight-only matmuls")
+def test_max_bits_four_requantises_the_wider_blocks_and_a_draft_of_it_stays_lossless(tmp_path, single_thread):
+    """A GGUF of float32 blocks reads as int8 blocks; `max_bits=4` makes every block int4 (a smaller,
+    lossier copy) and nothing else; as a draft (`draft_model bits=4`) it never changes the output."""
+    from tiny_models import random_model, save_tiny_model
+
+    from warpdecode.decoding.drafters.draft_model import DraftModelDrafter
+    from warpdecode.decoding.generate import build_method, generate
+    from warpdecode.export.gguf_writer import write_gguf
+    from warpdecode.kernels.quantized import Int8Weight
+    from warpdecode.models.checkpoint import load_pretrained
+    from warpdecode.models.importers.gguf_quantized import read_gguf_quantized
+
+    _, tokenizer = load_pretrained(save_tiny_model(tmp_path / "tiny", n_head=4, n_kv_head=2))
+    model = random_model(seed=5, std=0.3, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
+                         d_model=64, d_ff=128, max_seq_len=256, family="qwen2", qkv_bias=True, tie_embeddings=False)
+    path = write_gguf(model, tokenizer, tmp_path / "tiny.gguf", name="tiny qwen2")
+
+    def block_weights(m):
+        return [mod.quantized for name, mod in m.named_modules()
+                if name.startswith("blocks.") and getattr(mod, "quantized", None) is not None]
+
+    wide, narrow = (read_gguf_quantized(path, model.config, max_bits=b) for b in (8, 4))
+    assert wide.weight_bits == 8 and all(isinstance(w, Int8Weight) for w in block_weights(wide))
+    assert narrow.weight_bits == 4 and all(isinstance(w, Int4Weight) for w in block_weights(narrow))
+    assert torch.equal(narrow.lm_head.quantized.dequantized(), wide.lm_head.quantized.dequantized())  # the head: int8 both
+    ids = torch.tensor([tokenizer.encode("for i in range(10): print(i)")])
+    with torch.inference_mode():
+        a, b, exact = wide(ids).logits, narrow(ids).logits, model(ids).logits
+    assert not torch.equal(a, b)
+    cosine = torch.nn.functional.cosine_similarity
+    assert float(cosine(b.flatten(), exact.flatten(), dim=0)) > 0.8  # near the float model, less than int8
+    assert (a - exact).abs().mean() < (b - exact).abs().mean()
+    with pytest.raises(ConfigError, match="max bits must be 4 or 8"):
+        read_gguf_quantized(path, model.config, max_bits=2)
+
+    plain = generate(wide, tokenizer, "for i in range", max_new_tokens=16, stop_at_eos=False, chat=False)
+    method = build_method("draft_model", options={"model": str(path), "num_tokens": 4, "dtype": "native", "bits": 4})
+    drafted = generate(wide, tokenizer, "for i in range", max_new_tokens=16, stop_at_eos=False, chat=False,
+                       method=method)
+    assert drafted.token_ids == plain.token_ids
+    assert method.drafter.draft.weight_bits == 4
+    for options in ({"bits": 4}, {"bits": 3, "dtype": "native"}):
+        with pytest.raises(ConfigError, match="bits= is 4 or 8 and needs dtype=native"):
+            DraftModelDrafter(model=str(path), **options)

@@ -107,9 +107,11 @@ def resolve(source: str | Path) -> Path:
     return target
 
 
-def load_gguf_quantized(source: str | Path, head_rows: int | None = None) -> tuple[Transformer, Tokenizer]:
+def load_gguf_quantized(source: str | Path, head_rows: int | None = None,
+                        max_bits: int = 8) -> tuple[Transformer, Tokenizer]:
     """A GGUF file's (or a named model's) weights in their own quantised format, and its tokenizer
-    (`--dtype native`, `importers/gguf_quantized.py`; `head_rows`: the LM head's first rows only); the
+    (`--dtype native`, `importers/gguf_quantized.py`; `head_rows`: the LM head's first rows only;
+    `max_bits=4`: wider block types re-quantised to int4); the
     architecture and tokenizer come from its converted directory (made once, as `resolve` does)."""
     name = str(source)
     if name in NAMED_MODELS:
@@ -120,7 +122,7 @@ def load_gguf_quantized(source: str | Path, head_rows: int | None = None) -> tup
         raise CapabilityError(f"--dtype native reads a GGUF file or a named model; {name} is neither "
                               "(use --dtype q8 or q4)")
     directory = resolve(source)
-    return read_gguf_quantized(path, read_config(directory), head_rows), Tokenizer.load(directory)
+    return read_gguf_quantized(path, read_config(directory), head_rows, max_bits), Tokenizer.load(directory)
 
 
 def read_config(source: str | Path) -> ModelConfig:

@@ -59,7 +59,7 @@ def parse_dtypes(text: str, package: bool) -> list[str]:
 
 def load_backbones(model: str | None, package: InferencePackage | None, backends: Sequence[str], *,
                    device: str = "cpu", dtype: str = "fp32", threads: int | None = None,
-                   head_rows: int | None = None) -> tuple[dict[str, Backbone], Tokenizer | None]:
+                   head_rows: int | None = None, max_bits: int = 8) -> tuple[dict[str, Backbone], Tokenizer | None]:
     """The backbone of `model` (default: the embedded default model) or of `package` on each of `backends`,
     and its tokenizer.
 
@@ -74,6 +74,8 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
         head_rows: with `--dtype native`, make only the LM head's first rows (a draft model's FR-Spec
             vocabulary: the other rows are never made, so they never take memory); other precisions load
             the whole head, which the caller cuts.
+        max_bits: with `--dtype native`, 4 re-quantises the GGUF's wider block types to int4 (a lossy,
+            smaller copy: a draft model's).
     """
     known = dict.fromkeys([*MODEL_BACKENDS, *BACKENDS])
     unknown = [b for b in backends if b not in known]
@@ -95,7 +97,7 @@ def load_backbones(model: str | None, package: InferencePackage | None, backends
             loaded = random_model(source, device=torch_device(device), dtype=precision)
             tokenizer = load_pretrained(DEFAULT_MODEL)[1]
         elif dtype == NATIVE:
-            loaded, tokenizer = load_gguf_quantized(source, head_rows)
+            loaded, tokenizer = load_gguf_quantized(source, head_rows, max_bits)
         else:
             loaded, tokenizer = load_pretrained(source, device=torch_device(device), dtype=precision)
         if bits is not None:

@@ -137,7 +137,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model: str | None = None, layers: int | None = None, num_tokens: int = 4,
                  top_k: int = 1, replacement: bool = True, num_nodes: int | None = None, dtype: str = "fp32",
-                 vocab: int | None = None) -> None:
+                 vocab: int | None = None, bits: int | None = None, confidence: float | None = None) -> None:
         """Args:
         model: a draft model directory or name sharing the target's tokenizer.
         vocab: score only the first `vocab` token ids: the draft's LM head keeps those rows alone
@@ -148,8 +148,14 @@ class DraftModelDrafter(Drafter):
         dtype: the precision `model` drafts in, as `--dtype` takes it: fp32, bf16, fp16, q8, q4 or
             native (a GGUF's own quantised weights; the draft's bytes read per step, not the output,
             depend on it: verification keeps the method lossless).
+        bits: with `dtype=native`, 4 re-quantises the GGUF's block matrices of wider types (Q5_0,
+            Q6_K, Q8_0) to int4 as well: a lossier draft that reads about half their bytes per step.
         layers: instead of `model`, draft with the target's first `layers` blocks (no training).
         num_tokens: draft depth per step (the chain length when `top_k=1`).
+        confidence: stop drafting after a level whose first token has a draft probability below this
+            (Hugging Face's `assistant_confidence_threshold`): a step drafts fewer tokens where the
+            draft is unsure, saving its forwards where they would likely be rejected. None: always
+            `num_tokens` levels.
         top_k: siblings per level; above 1 the draft is a tree of `top_k * num_tokens` nodes.
         replacement: when sampling, draw siblings independently (SpecInfer); false: distinct siblings
             drawn without replacement (recursive speculative decoding). Greedy trees are top-k either way.
@@ -165,8 +171,15 @@ class DraftModelDrafter(Drafter):
             raise ConfigError("draft_model dtype= is the precision of model=; layers= drafts with the target's own weights")
         if vocab is not None and (layers is not None or vocab < 1):
             raise ConfigError("draft_model vocab= must be >= 1 and needs model= (layers= shares the target's own head)")
-        self.model_source, self.layers, self.dtype, self.vocab = model, layers, dtype, vocab
+        if bits is not None and (dtype != "native" or bits not in (4, 8)):
+            raise ConfigError("draft_model bits= is 4 or 8 and needs dtype=native (the GGUF's own blocks, re-quantised)")
+        if confidence is not None and not 0 < confidence < 1:
+            raise ConfigError(f"draft_model confidence must be in (0, 1), got {confidence}")
+        if confidence is not None and num_nodes is not None:
+            raise ConfigError("draft_model confidence= stops a chain or a top_k tree; num_nodes grows a dynamic tree")
+        self.model_source, self.layers, self.dtype, self.vocab, self.bits = model, layers, dtype, vocab, bits or 8
         self.init_drafting(num_tokens, top_k, replacement, num_nodes)
+        self.confidence = confidence
 
     def init_drafting(self, num_tokens: int, top_k: int, replacement: bool = True, num_nodes: int | None = None) -> None:
         """Validate and set the draft shape; the draft itself is set by `prepare`."""
@@ -177,6 +190,8 @@ class DraftModelDrafter(Drafter):
         if num_nodes is not None and num_nodes < 1:
             raise ConfigError(f"{self.name} num_nodes must be >= 1, got {num_nodes}")
         self.num_tokens, self.top_k, self.replacement, self.num_nodes = num_tokens, top_k, replacement, num_nodes
+        self.confidence: float | None = None
+        """Stop after a level whose first token's draft probability is below this (None: never)."""
         self.needs_hidden_states: tuple[int, ...] = ()
         self.draft: Transformer | None = None
         self.source: Backbone | None = None
@@ -194,7 +209,7 @@ class DraftModelDrafter(Drafter):
             assert self.model_source is not None
             device = str(target.embed.weight.device)
             backbones, _ = load_backbones(self.model_source, None, ["torch"], device=device, dtype=self.dtype,
-                                          head_rows=self.vocab)
+                                          head_rows=self.vocab, max_bits=self.bits)
             self.draft = cast(Transformer, backbones["torch"])
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "
@@ -283,9 +298,18 @@ class DraftModelDrafter(Drafter):
             if q is not None:
                 probs.append(q)
             if level < len(widths) - 1:
+                if self.confidence is not None and self.unsure(logits, q, children[0]):
+                    break
                 self.fed.append(children[0])
                 logits = self.run_draft([children[0]])
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.cat(probs) if probs else None)
+
+    def unsure(self, logits: Tensor, q: Tensor | None, token: int) -> bool:
+        """Whether `token`, drafted after `logits` (1, V) (from `q` (n, V) when sampling), has a draft
+        probability below `confidence`."""
+        assert self.confidence is not None
+        p = q[0, token] if q is not None else torch.softmax(logits[0].float(), -1)[token]
+        return float(p) < self.confidence
 
     def observe(self, state: DecodeState, result: AcceptResult) -> None:
         assert self.cache is not None

@@ -186,13 +186,18 @@ def _int8_in_slices(table: GgufEmbedding, rows: int) -> Int8Weight:
     return Int8Weight.stacked(parts, rows)
 
 
-def read_gguf_quantized(path: Path, config: ModelConfig, head_rows: int | None = None) -> Transformer:
+def read_gguf_quantized(path: Path, config: ModelConfig, head_rows: int | None = None,
+                        max_bits: int = 8) -> Transformer:
     """The model of the GGUF file at `path` (of architecture `config`), its block weights in their own
     quantised format (see the module docstring). `head_rows`: keep only the LM head's first rows (the
     logits of the first token ids: a draft model's FR-Spec vocabulary), never making the others (at
-    least the vocabulary: the whole head)."""
+    least the vocabulary: the whole head). `max_bits=4`: re-quantise the block matrices of wider types
+    (Q5_0, Q6_K, Q8_0...) to int4 too, a lossy copy reading about half their bytes per step (a draft
+    model's: verification decides every token)."""
     if head_rows is not None and head_rows < 1:
         raise ConfigError(f"head rows must be >= 1, got {head_rows}")
+    if max_bits not in (4, 8):
+        raise ConfigError(f"max bits must be 4 or 8, got {max_bits}")
     try:
         reader = _Reader(path, config)
     except ImportError as e:
@@ -222,7 +227,7 @@ def read_gguf_quantized(path: Path, config: ModelConfig, head_rows: int | None =
             (attn.o_proj, (attn.o_proj,)), (mlp.down_proj, (mlp.down_proj,))]
         for group, layers in groups:
             tensor_names = [names[id(layer)] for layer in layers]
-            layer_bits = max(reader.bits(f"{n}.weight") for n in tensor_names)
+            layer_bits = min(max_bits, max(reader.bits(f"{n}.weight") for n in tensor_names))
             biases = [reader.dense(f"{n}.bias") for n in tensor_names if f"{n}.bias" in reader.tensors]
             parts = [reader.groups(f"{n}.weight", heads.get(id(layer))) for n, layer in zip(tensor_names, layers, strict=True)]
             weight = _quantized(parts, torch.cat(biases) if biases else None, layer_bits, layers[0].in_features)
