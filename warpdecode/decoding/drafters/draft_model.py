@@ -177,7 +177,7 @@ class DraftModelDrafter(Drafter):
             raise ConfigError(f"draft_model confidence must be in (0, 1), got {confidence}")
         if confidence is not None and num_nodes is not None:
             raise ConfigError("draft_model confidence= stops a chain or a top_k tree; num_nodes grows a dynamic tree")
-        self.model_source, self.layers, self.dtype, self.vocab, self.bits = model, layers, dtype, vocab, bits or 8
+        self.model_source, self.layers, self.dtype, self.vocab, self.max_bits = model, layers, dtype, vocab, bits or 8
         self.init_drafting(num_tokens, top_k, replacement, num_nodes)
         self.confidence = confidence
 
@@ -190,8 +190,7 @@ class DraftModelDrafter(Drafter):
         if num_nodes is not None and num_nodes < 1:
             raise ConfigError(f"{self.name} num_nodes must be >= 1, got {num_nodes}")
         self.num_tokens, self.top_k, self.replacement, self.num_nodes = num_tokens, top_k, replacement, num_nodes
-        self.confidence: float | None = None
-        """Stop after a level whose first token's draft probability is below this (None: never)."""
+        self.confidence = None
         self.needs_hidden_states: tuple[int, ...] = ()
         self.draft: Transformer | None = None
         self.source: Backbone | None = None
@@ -209,7 +208,7 @@ class DraftModelDrafter(Drafter):
             assert self.model_source is not None
             device = str(target.embed.weight.device)
             backbones, _ = load_backbones(self.model_source, None, ["torch"], device=device, dtype=self.dtype,
-                                          head_rows=self.vocab, max_bits=self.bits)
+                                          head_rows=self.vocab, max_bits=self.max_bits)
             self.draft = cast(Transformer, backbones["torch"])
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ConfigError(f"draft vocabulary {self.draft.config.vocab_size} differs from the target's "
@@ -242,6 +241,8 @@ class DraftModelDrafter(Drafter):
 
     vocab: int | None = None
     """Draft token ids below this only (`vocab=`); None: the whole vocabulary."""
+    confidence: float | None = None
+    """Stop after a level whose first token's draft probability is below this (None: never)."""
 
     def draft_rows(self) -> int:
         """The rows of the draft's LM head."""
