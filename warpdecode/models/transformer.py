@@ -11,7 +11,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -88,22 +88,24 @@ class _BuiltStack:
     stack: DecoderStack | str
     read: tuple[Tensor, ...]  # the model's float tensors it reads in place
     addresses: tuple[int, ...]  # their storage when it was built
-    modules: tuple[nn.Module, ...]  # the blocks' modules, whose forward hooks the stack would skip
+    hooks: tuple[dict[Any, Any], ...]
+    """The forward (pre-)hook tables of the blocks' modules (hooks the stack would skip), torch's own
+    dicts, which registering a hook fills in place: a forward checks them without walking the modules."""
 
     @classmethod
     def of(cls, blocks: nn.ModuleList, stack: DecoderStack | str, read: tuple[Tensor, ...]) -> _BuiltStack:
-        return cls(blocks, stack, read, tuple(t.data_ptr() for t in read), tuple(blocks.modules()))
+        hooks = tuple(table for m in blocks.modules() for table in (m._forward_hooks, m._forward_pre_hooks))
+        return cls(blocks, stack, read, tuple(map(Tensor.data_ptr, read)), hooks)
 
     def fresh(self, blocks: nn.ModuleList) -> bool:
         """Built from these blocks, whose float tensors are still where they were."""
-        return self.blocks is blocks and all(t.data_ptr() == at for t, at in zip(self.read, self.addresses, strict=True))
+        return self.blocks is blocks and tuple(map(Tensor.data_ptr, self.read)) == self.addresses
 
     def hooked(self) -> bool:
         """A forward hook is registered on one of the blocks' modules, or on every module."""
         from torch.nn.modules import module
 
-        return (bool(module._global_forward_hooks or module._global_forward_pre_hooks)
-                or any(m._forward_hooks or m._forward_pre_hooks for m in self.modules))
+        return bool(module._global_forward_hooks or module._global_forward_pre_hooks) or any(self.hooks)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
