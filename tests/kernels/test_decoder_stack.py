@@ -195,3 +195,48 @@ def test_a_layer_with_a_forward_hook_runs_its_pytorch_forward():
     _, reference, _ = steps(model, prompt, 3)
     for a, b, c in zip(hooked, reference, before, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4) and not torch.allclose(a, c, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_padding_rows_are_skipped_and_the_real_rows_keep_their_bits(shape):
+    """Under `padded_rows`, a batch's rows padded to one width compute only their real positions: the
+    real positions' logits and cache slots are the unpadded forward's bits, the padding's slots stay
+    unwritten and its logits are zeros."""
+    from warpdecode.kernels.invariance import padded_rows
+
+    model = target(shape)
+    model.stack_impl = "native"
+    prompts, lengths = [[5, 17, 3, 9], [9, 22, 41, 2], [7, 7, 7, 1]], [3, 1, 4]
+    new = torch.tensor([[11, 12, 13, 14], [15, 16, 17, 18], [19, 20, 21, 22]])
+    mask = torch.tril(torch.ones(4, 4, dtype=torch.bool)).repeat(3, 1, 1)  # (B, T, T) chains
+    for b, n in enumerate(lengths):  # the padding sees itself alone, as the continuous batch pads
+        mask[b, n:, :] = False
+        mask[b, range(n, 4), range(n, 4)] = True
+    outs, caches = [], []
+    for padded in (False, True):
+        cache = model.new_cache(3, 64)
+        cache.k.fill_(float("nan")), cache.v.fill_(float("nan"))  # unwritten slots stay NaN
+        with torch.inference_mode(), batch_invariant():
+            model.forward(torch.tensor(prompts), cache=cache)
+            if padded:
+                with padded_rows(lengths):
+                    outs.append(model.forward(new, cache=cache, attention_mask=mask).logits)
+            else:
+                outs.append(model.forward(new, cache=cache, attention_mask=mask).logits)
+        caches.append(cache)
+    for b, n in enumerate(lengths):
+        assert torch.equal(outs[1][b, :n], outs[0][b, :n])
+        assert bool((outs[1][b, n:] == 0).all())
+        for full, skipped in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+            assert torch.equal(skipped[:, b, :, : 4 + n], full[:, b, :, : 4 + n])
+            assert bool(skipped[:, b, :, 4 + n : 8].isnan().all())
+    with pytest.raises(ValueError, match="keep must list ascending rows"):
+        stack = model.native_stack()
+        assert isinstance(stack, DecoderStack)
+        cache = model.new_cache(1, 64)
+        from warpdecode.kernels.exact_attention import Visibility
+
+        x = torch.zeros(1, 2, model.config.d_model)
+        cos = sin = torch.zeros(1, 1, 2, model.config.head_width)
+        stack(x, 0, 1, cos, sin, cache.k, cache.v, torch.zeros(1, dtype=torch.int64),
+              Visibility.of_prefixes(torch.tensor([[1, 2]])), torch.tensor([1, 0]))

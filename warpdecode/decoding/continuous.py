@@ -42,7 +42,7 @@ from warpdecode.decoding.protocols import DecodeState
 from warpdecode.decoding.sampler import Sampler
 from warpdecode.decoding.tree import DraftTree
 from warpdecode.errors import CapabilityError, ConfigError
-from warpdecode.kernels.invariance import batch_invariant
+from warpdecode.kernels.invariance import batch_invariant, padded_rows
 from warpdecode.kernels.ragged_attention import padded_keys
 from warpdecode.models.backbone import Backbone
 from warpdecode.models.cache import KVCache
@@ -269,7 +269,8 @@ class ContinuousBatch:
         ragged = [i for i, row in enumerate(decoding) if row.method is not None] if self.ragged_verify else []
         if ragged:
             self._clean(starts, padded_keys(int(starts.max()) + width))
-        with batch_invariant(ragged=ragged):
+        # the padding past each row's tree is never read: the forward may skip it (`padded_rows`)
+        with batch_invariant(ragged=ragged), padded_rows([tree.size + 1 for tree in trees]):
             out = self.target(tokens.to(device), positions.to(device), view, None if width == 1 else mask.to(device))
         paths = [self._accept(row, tree, out.logits[i], tokens[i]) for i, (row, tree) in enumerate(zip(decoding, trees, strict=True))]
         longest = max(len(path) for path in paths)

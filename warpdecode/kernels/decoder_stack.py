@@ -88,7 +88,8 @@ def native_library() -> ctypes.CDLL | str:
         return reason
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     return bound("decoder_stack_f32", [ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr,
-                                       ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int], ctypes.c_int)
+                                       ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int],
+                 ctypes.c_int)
 
 
 def _matrix(w: StackWeight | None) -> list[int]:
@@ -152,7 +153,7 @@ class DecoderStack:
         return cls(layers, heads, kv_heads, head_dim, eps)
 
     def __call__(self, x: Tensor, first: int, stop: int, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,
-                 start: Tensor, visible: Visibility) -> Tensor:
+                 start: Tensor, visible: Visibility, keep: Tensor | None = None) -> Tensor:
         """Layers `first .. stop - 1` over the new tokens.
 
         Args:
@@ -162,6 +163,10 @@ class DecoderStack:
                 `start[b] + t` of every layer run.
             start: (B,) int64, each row's cache length before the new tokens.
             visible: each query's visible slots (the new ones included).
+            keep: (n,) int64 ascending rows `b * T + t` to compute (None: all): the others are padding (a
+                batch's trees padded to one width), whose outputs are their inputs and whose cache slots are
+                not written; `visible.only(keep)` gives them no slots, so their attention is skipped. A
+                kept row's result is the same bits either way.
 
         Returns:
             (B, T, C) float32 outputs of layer `stop - 1`.
@@ -177,6 +182,13 @@ class DecoderStack:
             raise ValueError("the stack writes a float32 cache with contiguous rows")
         if visible.reach > k.shape[3] or int(start.max()) + T > k.shape[3]:
             raise ValueError(f"the new tokens reach past the cache's {k.shape[3]} slots")
+        if keep is not None:
+            keep = keep.to(torch.int64).contiguous()
+            if keep.dim() != 1 or (keep.numel() and (int(keep[0]) < 0 or int(keep[-1]) >= B * T
+                                                     or bool((keep[1:] <= keep[:-1]).any()))):
+                raise ValueError(f"keep must list ascending rows of the {B * T} new tokens")
+            if not keep.numel():
+                return x.float().clone()
         out = x.float().reshape(B * T, C).clone()
         cos2, sin2 = (t.float().reshape(B * T, self.head_dim).contiguous() for t in (cos, sin))
         start = start.to(torch.int64).contiguous()
@@ -185,7 +197,8 @@ class DecoderStack:
             table.data_ptr(), stop - first, out.data_ptr(), B, T, C, self.heads, self.kv_heads, self.head_dim,
             self.eps, cos2.data_ptr(), sin2.data_ptr(), k[first].data_ptr(), v[first].data_ptr(), k.stride(0),
             k.stride(1), k.stride(2), k.stride(3), start.data_ptr(), visible.prefix.data_ptr(),
-            visible.extra_offsets.data_ptr(), visible.extra.data_ptr(), torch.get_num_threads())
+            visible.extra_offsets.data_ptr(), visible.extra.data_ptr(), None if keep is None else keep.data_ptr(),
+            0 if keep is None else keep.numel(), torch.get_num_threads())
         if failed:
             raise MemoryError("the decoder stack could not allocate its scratch memory")
         return out.view(B, T, C)

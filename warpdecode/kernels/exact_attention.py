@@ -78,6 +78,17 @@ class Visibility:
         reach = max(int(lead.max()) if B * T else 0, int(extra.max()) + 1 if extra.numel() else 0)
         return cls(lead.reshape(-1).to(torch.int32).contiguous(), offsets, extra.contiguous(), B, T, reach)
 
+    def only(self, keep: Tensor) -> Visibility:
+        """The same for the queries `keep` ((n,) flat indices b * T + t); every other query sees no slot."""
+        kept = torch.zeros(self.batch * self.queries, dtype=torch.bool)
+        kept[keep] = True
+        counts = (self.extra_offsets[1:] - self.extra_offsets[:-1]) * kept  # (B * T,)
+        offsets = torch.zeros_like(self.extra_offsets)
+        offsets[1:] = counts.cumsum(0)
+        owner = torch.repeat_interleave(kept, self.extra_offsets[1:] - self.extra_offsets[:-1])  # (E,) per extra slot
+        return Visibility((self.prefix * kept).to(torch.int32).contiguous(), offsets.to(torch.int32),
+                          self.extra[owner].contiguous(), self.batch, self.queries, self.reach)
+
     def slots(self, b: int, t: int) -> int | Tensor:
         """Query (b, t)'s visible slots: a count when they are a prefix, else (n,) int64 indices."""
         i = b * self.queries + t

@@ -44,6 +44,25 @@ def batch_invariant(on: bool = True, ragged: Sequence[int] = ()) -> Iterator[Non
         _state.on, _state.ragged = previous
 
 
+@contextmanager
+def padded_rows(lengths: Sequence[int]) -> Iterator[None]:
+    """In the forwards of this block (this thread only) over `len(lengths)` rows, row b's new positions
+    from `lengths[b]` on are padding (a batch's draft trees padded to one width): their hidden states and
+    logits are unspecified, and a forward may skip them (the native decoder stack and the LM head do).
+    Their cache slots may be left unwritten: they must never be kept."""
+    previous = getattr(_state, "lengths", None)
+    _state.lengths = tuple(lengths)
+    try:
+        yield
+    finally:
+        _state.lengths = previous
+
+
+def padding_lengths() -> tuple[int, ...] | None:
+    """The real positions per row of this thread's padded forwards (`padded_rows`), or None."""
+    return getattr(_state, "lengths", None)
+
+
 def is_batch_invariant() -> bool:
     return getattr(_state, "on", False)
 

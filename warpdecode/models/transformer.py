@@ -21,7 +21,7 @@ from warpdecode.errors import ConfigError
 from warpdecode.kernels.decoder_stack import DecoderStack, DenseWeight, StackImpl, StackLayer
 from warpdecode.kernels.dense_matmul import dense_matmul
 from warpdecode.kernels.exact_attention import Visibility, exact_attention, resolve_exact_impl
-from warpdecode.kernels.invariance import is_batch_invariant, ragged_rows
+from warpdecode.kernels.invariance import is_batch_invariant, padding_lengths, ragged_rows
 from warpdecode.kernels.packed_linear import FusedLinear, Linear, PackedWeight, linear
 from warpdecode.kernels.quantized import Int8Weight
 from warpdecode.kernels.ragged_attention import RaggedPlan, plan_ragged, ragged_attention
@@ -60,6 +60,9 @@ class LayerContext:
     """The `Visibility` of the forward's queries, computed by the first layer that needs it and shared."""
     ragged: dict[int, RaggedPlan] = field(default_factory=dict)
     """`plan_ragged` of the forward's visibility per query heads per key head, computed once."""
+    keep: Tensor | None = None
+    """(n,) int64 flat indices b * T + t of the new positions that are not padding (`padded_rows`), or
+    None: all are real."""
 
     def visible(self, B: int, T: int, used: int) -> Visibility:
         """Which of the `used` cache slots each of the (B, T) new queries sees: the mask's, or every
@@ -106,6 +109,16 @@ class _BuiltStack:
         from torch.nn.modules import module
 
         return bool(module._global_forward_hooks or module._global_forward_pre_hooks) or any(self.hooks)
+
+
+def real_positions(B: int, T: int) -> Tensor | None:
+    """(n,) int64 flat indices b * T + t of a cached forward's (B, T) new positions that are not padding
+    under `padded_rows`, or None when every position is real (or no padding is declared for B rows)."""
+    lengths = padding_lengths()
+    if lengths is None or len(lengths) != B or T < 2 or min(lengths) >= T:
+        return None
+    real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+    return real.reshape(-1).nonzero()[:, 0]
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -496,7 +509,8 @@ class Transformer(nn.Module):
             mask = None if attention_mask is None else attention_mask[:, None].to(x.device)
             ctx = LayerContext(rope, mask, attention_mask is None and self.config.causal, None, None)
         else:
-            ctx = LayerContext(rope, self._full_mask(attention_mask, plan, x.device), False, cache, plan)
+            ctx = LayerContext(rope, self._full_mask(attention_mask, plan, x.device), False, cache, plan,
+                               keep=real_positions(B, T))
 
         x, hidden = self._blocks(x, ctx, wanted, layer_gates)
         if cache is not None:
@@ -504,6 +518,12 @@ class Transformer(nn.Module):
             cache.advance(plan)
         if logits_slice is not None:
             x = x[:, logits_slice]
+        elif ctx.keep is not None:  # padding rows' logits are unspecified: zeros, not computed
+            flat = x.reshape(B * T, -1)
+            real = self.head(flat[ctx.keep.to(x.device)])  # (n, V)
+            logits = real.new_zeros(B * T, real.shape[-1])
+            logits[ctx.keep.to(x.device)] = real
+            return BackboneOutput(logits=logits.view(B, T, -1), hidden_states=hidden)
         return BackboneOutput(logits=self.head(x), hidden_states=hidden)
 
     def native_stack(self) -> DecoderStack | str:
@@ -577,11 +597,13 @@ class Transformer(nn.Module):
             assert ctx.cache is not None and ctx.plan is not None and ctx.rope is not None
             B, T, _ = x.shape
             visible = ctx.visible(B, T, ctx.plan.used)
+            if ctx.keep is not None:
+                visible = visible.only(ctx.keep)
             cuts = [0, *sorted(i for i in wanted if 0 < i < len(self.blocks)), len(self.blocks)]
             if 0 in wanted:
                 hidden[0] = x
             for a, b in itertools.pairwise(cuts):
-                x = stack(x, a, b, *ctx.rope, ctx.cache.k, ctx.cache.v, ctx.plan.start, visible)
+                x = stack(x, a, b, *ctx.rope, ctx.cache.k, ctx.cache.v, ctx.plan.start, visible, ctx.keep)
                 if b in wanted and b < len(self.blocks):
                     hidden[b] = x
             return self._final_norm(x, wanted, hidden)

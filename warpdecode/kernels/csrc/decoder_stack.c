@@ -86,23 +86,34 @@ static void rotate(float *v, const float *cos, const float *sin, int64_t D) {
  * sits at position slot start[b] + t of cache row b. cos, sin: (B*T, D) rotary tables.
  * k_cache, v_cache: element (layer, b, g, s, d) at base + layer*kv_sl + b*kv_sb + g*kv_sh + s*kv_ss + d,
  * layer 0 being layers[0]'s. prefix / extra_off / extra: each query's visible slots (exact_attention.c).
- * Returns 0, or 1 when scratch memory could not be allocated. */
+ * keep: NULL (every row), or the n_keep ascending rows (b * T + t) to compute: the others are padding
+ * of a batch's ragged trees, whose rows of x stay as they were and whose cache slots are not written
+ * (give them no visible slots: their attention is then skipped). A kept row's bits are the same either
+ * way. Returns 0, or 1 when scratch memory could not be allocated. */
 int decoder_stack_f32(const layer_t *layers, int64_t n_layers, float *x, int64_t B, int64_t T, int64_t C,
                       int64_t H, int64_t Hkv, int64_t D, float eps, const float *cos, const float *sin,
                       float *k_cache, float *v_cache, int64_t kv_sl, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
                       const int64_t *start, const int32_t *prefix, const int32_t *extra_off, const int32_t *extra,
-                      int threads) {
-    const int64_t R = B * T, Q = H * D, KV = Hkv * D;
+                      const int64_t *keep, int64_t n_keep, int threads) {
+    const int64_t R = keep ? n_keep : B * T, Q = H * D, KV = Hkv * D;
     /* every layer has the first's shapes (checked by decoder_stack.py) */
     const layer_t *L0 = layers;
     const int64_t in_width = L0->q.width, out_width = L0->o.width, mid_width = L0->down.width;
     const int64_t n_qkv = Q + 2 * KV, F = (L0->gate.out + L0->up.out) / 2;
     const int64_t y_width = n_qkv > 2 * F ? n_qkv : 2 * F;
     /* h: normed rows (padded inputs zero); a: attention rows; m: SwiGLU rows; y: a product */
-    const int64_t floats = R * (in_width + out_width + mid_width + (y_width > C ? y_width : C));
+    /* with `keep`: the kept rows of x, and the attention's queries and outputs at their (b, t) places */
+    const int64_t padded = keep ? B * T * (n_qkv + out_width) + R * C : 0;
+    const int64_t floats = R * (in_width + out_width + mid_width + (y_width > C ? y_width : C)) + padded;
     float *scratch = calloc((size_t)(floats > 0 ? floats : 1), sizeof(float));
     if (!scratch) return 1;
     float *h = scratch, *a = h + R * in_width, *m = a + R * out_width, *y = m + R * mid_width;
+    float *q_at = y + R * (y_width > C ? y_width : C), *a_at = q_at + B * T * n_qkv, *kept = a_at + B * T * out_width;
+    float *const x_out = x;
+    if (keep) {
+        for (int64_t i = 0; i < R; i++) memcpy(kept + i * C, x + keep[i] * C, sizeof(float) * (size_t)C);
+        x = kept;
+    }
     const float scale = 1.0f / sqrtf((float)D);
     int failed = 0;
     for (int64_t l = 0; l < n_layers && !failed; l++) {
@@ -113,18 +124,22 @@ int decoder_stack_f32(const layer_t *layers, int64_t n_layers, float *x, int64_t
                       matmul(&L->k, h, in_width, R, y + L->q.out, n_qkv, threads) ||
                       matmul(&L->v, h, in_width, R, y + L->q.out + L->k.out, n_qkv, threads)))
             break;
-        for (int64_t r = 0; r < R; r++) {
-            float *row = y + r * n_qkv;
-            const int64_t b = r / T, slot = start[b] + r % T;
+        for (int64_t i = 0; i < R; i++) {
+            float *row = y + i * n_qkv;
+            const int64_t r = keep ? keep[i] : i, b = r / T, slot = start[b] + r % T;
             for (int64_t hd = 0; hd < H + Hkv; hd++) rotate(row + hd * D, cos + r * D, sin + r * D, D);
             for (int64_t g = 0; g < Hkv; g++) {
                 memcpy(kl + b * kv_sb + g * kv_sh + slot * kv_ss, row + Q + g * D, sizeof(float) * (size_t)D);
                 memcpy(vl + b * kv_sb + g * kv_sh + slot * kv_ss, row + Q + KV + g * D, sizeof(float) * (size_t)D);
             }
+            if (keep) memcpy(q_at + r * n_qkv, row, sizeof(float) * (size_t)Q);
         }
-        if ((failed = exact_attention_strided(y, T * n_qkv, D, n_qkv, kl, vl, kv_sb, kv_sh, kv_ss, a, T * out_width, D,
-                                              out_width, B, H, Hkv, T, D, prefix, extra_off, extra, scale, threads)))
+        if ((failed = exact_attention_strided(keep ? q_at : y, T * n_qkv, D, n_qkv, kl, vl, kv_sb, kv_sh, kv_ss,
+                                              keep ? a_at : a, T * out_width, D, out_width, B, H, Hkv, T, D, prefix,
+                                              extra_off, extra, scale, threads)))
             break;
+        if (keep)
+            for (int64_t i = 0; i < R; i++) memcpy(a + i * out_width, a_at + keep[i] * out_width, sizeof(float) * (size_t)out_width);
         if ((failed = matmul(&L->o, a, out_width, R, y, C, threads))) break;
         for (int64_t i = 0; i < R * C; i++) x[i] += y[i];
         rms_norm(x, R, C, L->mlp_norm, eps, h, in_width);
@@ -142,6 +157,8 @@ int decoder_stack_f32(const layer_t *layers, int64_t n_layers, float *x, int64_t
         if ((failed = matmul(&L->down, m, mid_width, R, y, C, threads))) break;
         for (int64_t i = 0; i < R * C; i++) x[i] += y[i];
     }
+    if (keep)
+        for (int64_t i = 0; i < R; i++) memcpy(x_out + keep[i] * C, kept + i * C, sizeof(float) * (size_t)C);
     free(scratch);
     return failed;
 }
