@@ -43,7 +43,7 @@ pair: $(STAMP)
 # model takes a few minutes and is cached in $$WARPDECODE_CACHE).
 bench-pair: pair
 	$(PY) -m warpdecode.cli bench --model qwen2.5-coder-1.5b-instruct --dtype native \
-		--methods none,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4:dtype=native,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4:dtype=native:vocab=32768 \
+		--methods none,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=4:dtype=native:vocab=32768,draft_model:model=qwen2.5-coder-0.5b-instruct:num_tokens=5:dtype=native:vocab=32768:bits=4 \
 		--prompts spec_bench --categories coding,math_reasoning --limit 1 --max-new-tokens 64 \
 		--threads 2 --peers none --out runs/bench-pair
 

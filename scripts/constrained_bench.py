@@ -1,7 +1,7 @@
 """Constrained decoding side by side: plain greedy and prompt lookup, each with and without jump-forward,
 on JSON schemas with the default model (plus unconstrained plain greedy, for the masking overhead).
 
-    python scripts/constrained_bench.py [--rounds 2] [--max-new-tokens 96] [--threads 2]
+    python scripts/constrained_bench.py [--rounds 2] [--max-new-tokens 96] [--threads 2] [--methods int4_self]
     python scripts/constrained_bench.py --set schemas [--limit 8] [--schema-chars 1500]
 
 `--set builtin` (the default): three hand-written schemas (`scripts/grammar_engines.py`) with task
@@ -49,7 +49,8 @@ from warpdecode.decoding.constraints import closing as closing_module
 from warpdecode.decoding.constraints.awrs import AdaptiveRejection
 from warpdecode.decoding.constraints.llguidance_matcher import GrammarState
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
-from warpdecode.decoding.generate import stop_token_ids
+from warpdecode.decoding.generate import build_method, stop_token_ids
+from warpdecode.decoding.specs import parse_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grammar_engines import SCHEMAS
@@ -185,6 +186,18 @@ def schema_tasks(model: Any, tokenizer: Any, limit: int, schema_chars: int) -> l
     return out
 
 
+def extra_configs(methods: str) -> list[tuple[Any, ...]]:
+    """`--methods`' rows: each drafter built once (its state restarts per request), constrained without and
+    with jump-forward."""
+    out: list[tuple[Any, ...]] = []
+    for spec in filter(None, (m.strip() for m in methods.split(","))):
+        name, options = parse_spec(spec)
+        method = build_method(name, options=options)
+        out += [(f"constrained {spec}", method, True, False, "mask", False, False),
+                (f"constrained {spec} + jump-forward", method, True, True, "mask", False, False)]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -197,6 +210,8 @@ def main() -> None:
     parser.add_argument("--set", choices=["builtin", "schemas"], default="builtin")
     parser.add_argument("--limit", type=int, default=8, help="schemas of --set schemas (the smallest that compile)")
     parser.add_argument("--schema-chars", type=int, default=1500, help="characters of the schema in a --set schemas prompt")
+    parser.add_argument("--methods", default="", help="more drafters (NAME[:KEY=VALUE...], comma-separated) for the "
+                                                      "speculation comparison: each constrained, without and with jump-forward")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
@@ -208,7 +223,9 @@ def main() -> None:
     _timed_fill_mask()
     _counted_checks()
     _timed_rollouts()
-    configs = {"speculation": CONFIGS, "awrs": AWRS_CONFIGS, "closing": CLOSING_CONFIGS}[args.compare]
+    configs: list[tuple[Any, ...]] = {"speculation": CONFIGS, "awrs": AWRS_CONFIGS, "closing": CLOSING_CONFIGS}[args.compare]
+    if args.compare == "speculation":
+        configs = configs + extra_configs(args.methods)
     tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
                      "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0,
