@@ -181,3 +181,28 @@ def test_max_bits_four_requantises_the_wider_blocks_and_a_draft_of_it_stays_loss
     for options in ({"bits": 4}, {"bits": 3, "dtype": "native"}):
         with pytest.raises(ConfigError, match="bits= is 4 or 8 and needs dtype=native"):
             DraftModelDrafter(model=str(path), **options)
+
+
+def test_rows_dequantise_in_chunks_to_the_gguf_values(tmp_path, monkeypatch):
+    """A matrix is dequantised a few rows at a time with its type's row dequantiser: the same values as
+    gguf-py's whole-tensor `dequantize`, whatever the chunk."""
+    from tiny_models import random_model, save_tiny_model
+
+    from warpdecode.export.gguf_writer import write_gguf
+    from warpdecode.models.checkpoint import load_pretrained
+    from warpdecode.models.importers import gguf_quantized as gq
+
+    rng = np.random.default_rng(2)
+    raw = q8_0_bytes(rng.integers(-127, 128, (7, 64)).astype(np.int8), rng.random((7, 2)).astype(np.float32))
+    kind = gguf.GGMLQuantizationType.Q8_0
+    np.testing.assert_array_equal(gq._row_dequantiser(kind)(raw).reshape(7, 64),
+                                  gguf.quants.dequantize(raw, kind).reshape(7, 64))
+    _, tokenizer = load_pretrained(save_tiny_model(tmp_path / "tiny", n_head=4, n_kv_head=2))
+    model = random_model(seed=1, std=0.2, vocab_size=tokenizer.vocab_size, n_layer=1, n_head=4, n_kv_head=2, d_model=64,
+                         d_ff=128, max_seq_len=64)
+    path = write_gguf(model, tokenizer, tmp_path / "tiny.gguf", name="tiny")
+    reader = gq._Reader(path, model.config)
+    whole = reader.dense("blk.0.ffn_up.weight")
+    monkeypatch.setattr(gq, "DENSE_ROWS_PER_CHUNK", 3)
+    assert torch.equal(reader.dense("blk.0.ffn_up.weight"), whole)
+    assert torch.equal(whole, model.state_dict()["blocks.0.mlp.up_proj.weight"])

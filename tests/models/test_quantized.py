@@ -207,3 +207,26 @@ def test_int8_weights_stack_part_by_part(impl):
     if impl == "native":
         with pytest.raises(ValueError, match="only the last"):
             Int8Weight.stacked([Int8Weight.of(weight[:8], impl=impl), Int8Weight.of(weight[8:], impl=impl)], 37)
+
+
+def test_quantisation_in_row_chunks_equals_the_whole(monkeypatch):
+    """`int4_groups` and `int8_rows` quantise a few rows at a time (bounded temporaries): every row is
+    quantised alone, so any chunk size gives the same integers and scales as the definition at once."""
+    from warpdecode.kernels import quantized as qz
+
+    torch.manual_seed(0)
+    w = torch.randn(37, 70) * torch.rand(37, 1)  # rows of different ranges; 70 inputs pad to 96 for int4
+    w[5] = 0  # an all-zero row: the smallest scale
+    q4, scale, low = qz.int4_groups(w)
+    groups = torch.nn.functional.pad(w, (0, 26)).view(37, 3, 32)
+    want_low, want_high = groups.amin(-1), groups.amax(-1)
+    want_scale = ((want_high - want_low) / 15).clamp_min(1e-12)
+    want_q = ((groups - want_low[..., None]) / want_scale[..., None]).round().clamp(0, 15).view(37, 96)
+    assert q4.dtype == torch.uint8 and torch.equal(q4.float(), want_q)
+    assert torch.equal(scale, want_scale) and torch.equal(low, want_low)
+    q8, scales = qz.int8_rows(w)
+    want_scales = (w.abs().amax(1) / 127).clamp_min(1e-12)
+    assert torch.equal(scales, want_scales) and torch.equal(q8, (w / want_scales[:, None]).round().clamp(-127, 127).to(torch.int8))
+    monkeypatch.setattr(qz, "ROWS_PER_CHUNK", 4)  # 37 rows: chunks of 4, the last one short
+    assert all(torch.equal(a, b) for a, b in zip(qz.int4_groups(w), (q4, scale, low), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(qz.int8_rows(w), (q8, scales), strict=True))

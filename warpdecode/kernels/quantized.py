@@ -128,10 +128,12 @@ class Int8Weight(ABC):
     @staticmethod
     def of(weight: Tensor, bias: Tensor | None = None, *, impl: QuantImpl = "auto") -> Int8Weight:
         """Quantise an `(out, in)` float weight for the kernel `impl` resolves to."""
-        w = weight.detach().float()
-        scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # (out,)
-        # in place: one float temporary of the weight's size (an LM head's is 113 MB in the default model)
-        q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        return Int8Weight.of_quantized(*int8_rows(weight), bias, impl=impl)
+
+    @staticmethod
+    def of_quantized(q: Tensor, scales: Tensor, bias: Tensor | None = None, *,
+                     impl: QuantImpl = "auto") -> Int8Weight:
+        """From `int8_rows`' q (out, in) int8 and scales (out,) float32."""
         if resolve_quant_impl(impl) == "native":
             return BlockInt8Weight.of_rows(q, scales, bias)
         return TorchInt8Weight.of_rows(q, scales, bias)
@@ -289,13 +291,7 @@ class Int4Weight(ABC):
     @staticmethod
     def of(weight: Tensor, bias: Tensor | None = None, *, impl: QuantImpl = "auto") -> Int4Weight:
         """Quantise an `(out, in)` float weight."""
-        w = weight.detach().float()
-        w = F.pad(w, (0, -w.shape[1] % INT4_GROUP))  # (out, K): K padded to a multiple of 32
-        groups = w.view(w.shape[0], -1, INT4_GROUP)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-12)
-        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
-        return Int4Weight.of_groups(q.view(w.shape), scale, low, bias, weight.shape[1], impl=impl)
+        return Int4Weight.of_groups(*int4_groups(weight), bias, weight.shape[1], impl=impl)
 
     @staticmethod
     def of_groups(q: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None, in_features: int, *,
@@ -369,6 +365,48 @@ class BlockInt4Weight(Int4Weight):
     def __call__(self, x: Tensor) -> Tensor:
         y = block_matmul(_block_input(x, self.width), self.blocks, 4, self.out_features)
         return _finish(y, self.bias, x)
+
+
+ROWS_PER_CHUNK = 1024
+"""Rows quantised at a time by `int4_groups` and `int8_rows`: their float temporaries are a chunk's, not the weight's
+(a 1.5B model's gate/up matrix is 110 MB of float32; five whole temporaries made its load's peak)."""
+
+
+def int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """`Int8Weight.of`'s quantisation of an `(out, in)` float weight, per output channel: `scales =
+    max|w| / 127` (at least 1e-12), `q = round(w / scale)`. Returns q (out, in) int8 and scales (out,)
+    float32, made `ROWS_PER_CHUNK` rows at a time (each row alone: the same values)."""
+    w = weight.detach()
+    q = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty(w.shape[0])
+    for lo in range(0, w.shape[0], ROWS_PER_CHUNK):
+        part = w[lo : lo + ROWS_PER_CHUNK].float()
+        s = scales[lo : lo + part.shape[0]]
+        s[:] = (part.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        q[lo : lo + part.shape[0]] = (part / s[:, None]).round_().clamp_(-127, 127)
+    return q, scales
+
+
+def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`Int4Weight.of`'s groups of an `(out, in)` float weight: per group of 32 inputs (the inputs
+    zero-padded to a multiple of 32), `w ≈ q * scale + low` with `low`, `high` the group's extremes,
+    `scale = (high - low) / 15` and `q = round((w - low) / scale)`.
+
+    Returns:
+        q (out, K) uint8 in [0, 15], scale and low (out, K / 32) float32; made `ROWS_PER_CHUNK`
+        rows at a time (each row's groups alone: the same values as the whole at once).
+    """
+    w = weight.detach()
+    out, K = w.shape[0], w.shape[1] + -w.shape[1] % INT4_GROUP
+    q = torch.empty(out, K, dtype=torch.uint8)
+    scale, low = torch.empty(out, K // INT4_GROUP), torch.empty(out, K // INT4_GROUP)
+    for lo in range(0, out, ROWS_PER_CHUNK):
+        hi = min(lo + ROWS_PER_CHUNK, out)
+        groups = F.pad(w[lo:hi].float(), (0, K - w.shape[1])).view(hi - lo, -1, INT4_GROUP)
+        low[lo:hi], high = groups.amin(-1), groups.amax(-1)
+        scale[lo:hi] = ((high - low[lo:hi]) / 15).clamp_min(1e-12)
+        q[lo:hi] = ((groups - low[lo:hi, :, None]) / scale[lo:hi, :, None]).round_().clamp_(0, 15).view(hi - lo, K)
+    return q, scale, low
 
 
 QUANTIZERS: dict[int, type[Int8Weight | Int4Weight]] = {8: Int8Weight, 4: Int4Weight}

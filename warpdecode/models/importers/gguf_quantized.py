@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from warpdecode.errors import CapabilityError, CheckpointError, ConfigError
 from warpdecode.kernels.packed_linear import FusedLinear, Linear
-from warpdecode.kernels.quantized import INT4_GROUP, Int4Weight, Int8Weight
+from warpdecode.kernels.quantized import INT4_GROUP, Int4Weight, Int8Weight, int4_groups, int8_rows
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.importers.gguf_header import GGML_BLOCKS, GgufTensor, read_gguf_header
 from warpdecode.models.quantized import exact_rows, release_freed_memory
@@ -61,6 +61,8 @@ def q4_1_groups(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
 
 HEAD_ROWS_PER_SLICE = 4096
 """Rows of the LM head dequantised at a time while its int8 copy is made."""
+DENSE_ROWS_PER_CHUNK = 1024
+"""Rows of a quantised matrix dequantised at a time (gguf-py makes several full-size temporaries)."""
 
 
 class GgufEmbedding(nn.Module):
@@ -159,9 +161,17 @@ class _Reader:
         return torch.from_numpy(self.raw(name))
 
     def dense(self, name: str) -> Tensor:
-        """The tensor as float32, dequantised if it is quantised (one tensor at a time)."""
-        values = self.gguf.quants.dequantize(self.raw(name), self.tensor_type(name))
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.tensor(name).shape)
+        """The tensor as float32, dequantised if it is quantised (one tensor at a time, a matrix
+        `DENSE_ROWS_PER_CHUNK` rows at a time: gguf-py's temporaries are a chunk's)."""
+        raw, shape, kind = self.raw(name), self.tensor(name).shape, self.tensor_type(name)
+        if len(shape) != 2:
+            return torch.from_numpy(np.array(self.gguf.quants.dequantize(raw, kind), dtype=np.float32)).reshape(shape)
+        out = torch.empty(tuple(shape), dtype=torch.float32)
+        for lo in range(0, shape[0], DENSE_ROWS_PER_CHUNK):
+            part = raw[lo : lo + DENSE_ROWS_PER_CHUNK]
+            out[lo : lo + part.shape[0]] = torch.from_numpy(
+                np.asarray(_row_dequantiser(kind)(part), dtype=np.float32).reshape(part.shape[0], shape[1]))
+        return out
 
     def groups(self, name: str, heads: int | None) -> tuple[Tensor, Tensor, Tensor] | Tensor:
         """A block matrix's Q4_1 groups, or its float weight when it is of another type; rows unpermuted
@@ -178,17 +188,22 @@ class _Reader:
         return 4 if FOUR_BITS_OR_FEWER.match(self.tensor_type(name).name) else 8
 
 
-def _quantized(parts: list[tuple[Tensor, Tensor, Tensor] | Tensor], bias: Tensor | None, bits: int,
+def _quantized(parts: Iterable[tuple[Tensor, Tensor, Tensor] | Tensor], biases: list[Tensor | None], bits: int,
                in_features: int) -> Int4Weight | Int8Weight:
-    """One weight from row blocks stacked along `out`: Q4_1 groups kept as they are when every part has them."""
-    if bits == 4 and all(isinstance(p, tuple) for p in parts):
-        q, d, m = (torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[index]
+    """One weight from row blocks stacked along `out` (`biases`: each part's, or None), each part made
+    when the last is quantised (`parts` may be lazy): Q4_1 groups kept as they are, other parts
+    quantised alone, which per-row quantisation makes the same as quantising them stacked, without the
+    stacked float copy."""
+    bias = None if any(b is None for b in biases) else torch.cat(cast(list[Tensor], biases))
+    if bits == 4:
+        groups = [p if isinstance(p, tuple) else int4_groups(p[:, :in_features]) for p in parts]
+        q, d, m = (torch.cat([g[i] for g in groups]) for i in range(3))
         q = nn.functional.pad(q, (0, -q.shape[1] % INT4_GROUP))
         return Int4Weight.of_groups(q, d, m, bias, in_features)
-    dense = torch.cat([p if isinstance(p, Tensor) else (p[0].float().view(p[0].shape[0], -1, INT4_GROUP)
-                                                         * p[1][..., None] + p[2][..., None]).flatten(1)
-                       for p in parts])
-    return (Int4Weight if bits == 4 else Int8Weight).of(dense[:, :in_features], bias)
+    rows = [int8_rows(p if isinstance(p, Tensor) else (p[0].float().view(p[0].shape[0], -1, INT4_GROUP)
+                                                       * p[1][..., None] + p[2][..., None]).flatten(1)[:, :in_features])
+            for p in parts]
+    return Int8Weight.of_quantized(torch.cat([q for q, _ in rows]), torch.cat([s for _, s in rows]), bias)
 
 
 def _int8_in_slices(table: GgufEmbedding, rows: int) -> Int8Weight:
@@ -242,9 +257,9 @@ def read_gguf_quantized(path: Path, config: ModelConfig, head_rows: int | None =
         for group, layers in groups:
             tensor_names = [names[id(layer)] for layer in layers]
             layer_bits = min(max_bits, max(reader.bits(f"{n}.weight") for n in tensor_names))
-            biases = [reader.dense(f"{n}.bias") for n in tensor_names if f"{n}.bias" in reader.tensors]
-            parts = [reader.groups(f"{n}.weight", heads.get(id(layer))) for n, layer in zip(tensor_names, layers, strict=True)]
-            weight = _quantized(parts, torch.cat(biases) if biases else None, layer_bits, layers[0].in_features)
+            biases = [reader.dense(f"{n}.bias") if f"{n}.bias" in reader.tensors else None for n in tensor_names]
+            parts = (reader.groups(f"{n}.weight", heads.get(id(layer))) for n, layer in zip(tensor_names, layers, strict=True))
+            weight = _quantized(parts, biases, layer_bits, layers[0].in_features)
             group.quantized = weight
             if len(layers) == 1:  # a one-layer group runs its layer directly: the same weight
                 layers[0].quantized = weight
