@@ -51,6 +51,7 @@ from warpdecode.decoding.constraints.llguidance_matcher import GrammarState
 from warpdecode.decoding.constraints.tree_mask import ConstrainedDecoding
 from warpdecode.decoding.generate import build_method, stop_token_ids
 from warpdecode.decoding.specs import parse_spec
+from warpdecode.errors import WarpdecodeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grammar_engines import SCHEMAS
@@ -225,7 +226,11 @@ def main() -> None:
     _timed_rollouts()
     configs: list[tuple[Any, ...]] = {"speculation": CONFIGS, "awrs": AWRS_CONFIGS, "closing": CLOSING_CONFIGS}[args.compare]
     if args.compare == "speculation":
-        configs = configs + extra_configs(args.methods)
+        try:
+            configs = configs + extra_configs(args.methods)
+        except WarpdecodeError as error:
+            print(f"error: --methods: {error}", file=sys.stderr)
+            sys.exit(2)
     tasks = builtin_tasks() if args.set == "builtin" else schema_tasks(model, tokenizer, args.limit, args.schema_chars)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "accepted": 0, "runs": 0, "hook": 0.0, "masks": [],
                      "valid": 0, "invalid": 0, "unverifiable": 0, "not json": 0, "length": 0, "checks": 0,

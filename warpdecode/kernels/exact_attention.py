@@ -82,10 +82,10 @@ class Visibility:
         """The same for the queries `keep` ((n,) flat indices b * T + t); every other query sees no slot."""
         kept = torch.zeros(self.batch * self.queries, dtype=torch.bool)
         kept[keep] = True
-        counts = (self.extra_offsets[1:] - self.extra_offsets[:-1]) * kept  # (B * T,)
+        extras = self.extra_offsets[1:] - self.extra_offsets[:-1]  # (B * T,) extra slots per query
         offsets = torch.zeros_like(self.extra_offsets)
-        offsets[1:] = counts.cumsum(0)
-        owner = torch.repeat_interleave(kept, self.extra_offsets[1:] - self.extra_offsets[:-1])  # (E,) per extra slot
+        offsets[1:] = (extras * kept).cumsum(0)
+        owner = torch.repeat_interleave(kept, extras)  # (E,) whether each extra slot's query is kept
         return Visibility((self.prefix * kept).to(torch.int32).contiguous(), offsets.to(torch.int32),
                           self.extra[owner].contiguous(), self.batch, self.queries, self.reach)
 

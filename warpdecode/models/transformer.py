@@ -519,10 +519,10 @@ class Transformer(nn.Module):
         if logits_slice is not None:
             x = x[:, logits_slice]
         elif ctx.keep is not None:  # padding rows' logits are unspecified: zeros, not computed
-            flat = x.reshape(B * T, -1)
-            real = self.head(flat[ctx.keep.to(x.device)])  # (n, V)
+            keep = ctx.keep.to(x.device)
+            real = self.head(x.reshape(B * T, -1)[keep])  # (n, V)
             logits = real.new_zeros(B * T, real.shape[-1])
-            logits[ctx.keep.to(x.device)] = real
+            logits[keep] = real
             return BackboneOutput(logits=logits.view(B, T, -1), hidden_states=hidden)
         return BackboneOutput(logits=self.head(x), hidden_states=hidden)
 
@@ -580,7 +580,7 @@ class Transformer(nn.Module):
         invariant, dense = is_batch_invariant(), self.weight_bits is None
         step = (ctx.cache is not None and ctx.plan is not None and ctx.slots is None and ctx.rope is not None
                 and layer_gates is None and x.dtype == torch.float32 and x.device.type == "cpu" and B * T > 0
-                and (B * T <= DENSE_STEP_ROWS and not invariant if dense else True)
+                and (not dense or (B * T <= DENSE_STEP_ROWS and not invariant))
                 and not (torch.is_grad_enabled()
                          and (x.requires_grad or cast(Block, self.blocks[0]).attn.o_proj.weight.requires_grad)))
         stack = self.native_stack() if step else None

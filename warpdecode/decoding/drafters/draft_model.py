@@ -190,7 +190,6 @@ class DraftModelDrafter(Drafter):
         if num_nodes is not None and num_nodes < 1:
             raise ConfigError(f"{self.name} num_nodes must be >= 1, got {num_nodes}")
         self.num_tokens, self.top_k, self.replacement, self.num_nodes = num_tokens, top_k, replacement, num_nodes
-        self.confidence = None
         self.needs_hidden_states: tuple[int, ...] = ()
         self.draft: Transformer | None = None
         self.source: Backbone | None = None

@@ -86,17 +86,23 @@ class GgufEmbedding(nn.Module):
 
     def dense_rows(self, index: Tensor) -> Tensor:
         """(N,) row indices → (N, C) float32."""
-        picked = self.rows.index_select(0, index.reshape(-1).cpu())  # (N, bytes per row)
-        if getattr(self.tensor_type, "name", None) == "Q8_0":  # a decode step's row in ~10 µs, not ~100
-            return q8_0_rows(picked, self.dim)
-        values = _row_dequantiser(self.tensor_type)(picked.numpy())
-        return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(-1, self.dim))
+        return dequantised_rows(self.rows.index_select(0, index.reshape(-1).cpu()), self.tensor_type, self.dim)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(...) int64 → (..., C) float32."""
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.num_embeddings):
             raise IndexError(f"token id out of range for a vocabulary of {self.num_embeddings}")
         return self.dense_rows(tokens).reshape(*tokens.shape, self.dim).to(self.weight.device)
+
+
+def dequantised_rows(raw: Tensor, tensor_type: Any, dim: int) -> Tensor:
+    """(N, bytes per row) uint8 rows of a `tensor_type` matrix → (N, dim) float32, gguf-py's values:
+    Q8_0 in torch (a decode step's embedding row in ~10 µs, not ~100), other types with the type's own
+    row dequantiser."""
+    if getattr(tensor_type, "name", None) == "Q8_0":
+        return q8_0_rows(raw, dim)
+    values = _row_dequantiser(tensor_type)(raw.numpy())
+    return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(raw.shape[0], dim))
 
 
 def q8_0_rows(raw: Tensor, dim: int) -> Tensor:
@@ -178,10 +184,10 @@ class _Reader:
         if len(shape) != 2:
             return torch.from_numpy(np.array(self.gguf.quants.dequantize(raw, kind), dtype=np.float32)).reshape(shape)
         out = torch.empty(tuple(shape), dtype=torch.float32)
+        rows = torch.from_numpy(raw)
         for lo in range(0, shape[0], DENSE_ROWS_PER_CHUNK):
-            part = raw[lo : lo + DENSE_ROWS_PER_CHUNK]
-            out[lo : lo + part.shape[0]] = torch.from_numpy(
-                np.asarray(_row_dequantiser(kind)(part), dtype=np.float32).reshape(part.shape[0], shape[1]))
+            part = rows[lo : lo + DENSE_ROWS_PER_CHUNK]
+            out[lo : lo + part.shape[0]] = dequantised_rows(part, kind, shape[1])
         return out
 
     def groups(self, name: str, heads: int | None) -> tuple[Tensor, Tensor, Tensor] | Tensor:
