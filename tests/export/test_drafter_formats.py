@@ -28,6 +28,17 @@ LLAMA_CPP_PYTHON = Path(os.environ.get("WARPDECODE_LLAMA_CPP_PYTHON", "/tmp/llam
 SCRIPT = Path(__file__).parents[2] / "scripts" / "llama_cpp_greedy.py"
 
 
+def _has_llama_cpp() -> bool:
+    """Whether LLAMA_CPP_PYTHON is a Python that imports llama_cpp (a half-made environment is none)."""
+    if not LLAMA_CPP_PYTHON.is_file():
+        return False
+    run = subprocess.run([str(LLAMA_CPP_PYTHON), "-c", "import llama_cpp"], capture_output=True, timeout=60, check=False)
+    return run.returncode == 0
+
+
+HAS_LLAMA_CPP = _has_llama_cpp()
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     """A 3-block GQA model (4 query heads, 2 key-value heads: the q/k row permutation matters) and its BPE."""
@@ -87,7 +98,7 @@ def test_distilled_gguf_reads_back_through_warpdecodes_gguf_importer(target, dis
         assert read_tokenizer.encode(text) == tokenizer.encode(text)
 
 
-@pytest.mark.skipif(not LLAMA_CPP_PYTHON.is_file(),
+@pytest.mark.skipif(not HAS_LLAMA_CPP,
                     reason=f"needs a Python with llama-cpp-python at {LLAMA_CPP_PYTHON} (python -m venv /tmp/llamacpp-venv "
                            "&& /tmp/llamacpp-venv/bin/pip install llama-cpp-python, or set WARPDECODE_LLAMA_CPP_PYTHON)")
 def test_distilled_gguf_is_greedy_identical_in_llama_cpp(target, distilled, tmp_path):
@@ -127,7 +138,7 @@ def test_qwen2_layout_gguf_reads_back_and_runs_in_llama_cpp(target, tmp_path):
     state = state_dict_from_hf(weights, config)
     for key, tensor in model.state_dict().items():
         assert torch.equal(state[key], tensor), key
-    if LLAMA_CPP_PYTHON.is_file():
+    if HAS_LLAMA_CPP:
         ids = tokenizer.encode("print('hello world')")
         assert _llama_cpp_greedy(path, ids, 12) == naive_greedy(model, ids, 12)
 

@@ -94,20 +94,37 @@ def test_a_row_is_the_same_bits_alone_in_any_batch_and_thread_count(bits):
     assert torch.equal(bm.block_matmul(strided, blocks, bits, n, scale), together)
 
 
+def _cpu_has(*flags: str) -> bool:
+    try:
+        line = next(ln for ln in open("/proc/cpuinfo").read().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return set(flags) <= set(line.split())
+
+
 @needs_native
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-def test_the_portable_path_computes_the_same_bits(tmp_path):
-    """The C source built without AVX-512 (the loop every other CPU runs) gives the VNNI path's bits."""
-    so = tmp_path / "portable.so"
-    subprocess.run(["cc", "-O2", "-march=x86-64", "-fPIC", "-shared", "-o", str(so),
+@pytest.mark.parametrize(("march", "simd"), [("x86-64", 0), ("haswell", 1)])
+def test_every_path_computes_the_same_bits(tmp_path, march, simd):
+    """The C source built for another instruction set (x86-64: the portable loop of CPUs without
+    SIMD paths; haswell: the AVX2 path) gives the bits of this machine's own build, also at the
+    integer sums' bounds (int4 15 x 127 over a whole block, int8 -127 / 127 x -127 / 127)."""
+    if simd == 1 and not _cpu_has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU has no AVX2")
+    so = tmp_path / f"{march}.so"
+    subprocess.run(["cc", "-O2", f"-march={march}", "-fPIC", "-shared", "-o", str(so),
                     str(CSRC / "block_matmul.c"), str(CSRC / "pool.c"), "-lm", "-lpthread"], check=True,
                    capture_output=True, timeout=120)
     lib = ctypes.CDLL(str(so))
-    assert lib.block_matmul_simd() == 0
+    assert lib.block_matmul_simd() == simd
     n, k, rows = 37, 96, 6
     x = activations(rows, k)
+    x[4] = x[4].abs() + 1  # every activation of a block quantises to 127 or nearly: the int16 sums' bound
+    x[5, :32] = 1.0
     q, d, m = int4_weight(n, k)
+    q[:5] = 15
     q8 = torch.randint(-127, 128, (n, k))
+    q8[:3], q8[3:6] = 127, -127
     scale = torch.rand(48)
     for bits, blocks, s in ((4, bm.pack_int4(q, d, m), None), (8, bm.pack_int8(q8), scale)):
         y = torch.empty(rows, n)

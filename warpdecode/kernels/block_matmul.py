@@ -3,7 +3,7 @@ path of the int4 and int8 weights of `kernels/quantized.py`.
 
 A decode or verify step multiplies a few activation rows by every weight; llama.cpp's answer, used
 here too, is to quantise each activation row per block of 32 inputs to int8 and take the block's dot
-products in integers (AVX-512 VNNI: 64 multiply-adds per instruction), so a step of 8 rows costs
+products in integers (AVX-512 VNNI: 64 multiply-adds per instruction; AVX2: 32 per `vpmaddubsw`), so a step of 8 rows costs
 little more than a step of 1: the weight bytes are read once per step, whatever the rows.
 
 Layout: output channels in tiles of 16, inputs in blocks of 32; a tile's blocks follow each other, so
@@ -45,14 +45,15 @@ Bits = Literal[4, 8]
 
 @functools.cache
 def native_library() -> ctypes.CDLL | str:
-    """The compiled kernel, or why there is none (one line). Only a build with the AVX-512 VNNI path
-    counts: the portable C path computes the same bits, but slower than torch's own kernels."""
+    """The compiled kernel, or why there is none (one line). Only a build with a SIMD path (AVX-512
+    VNNI or AVX2) counts: the portable C path computes the same bits, but slower than torch's own
+    kernels."""
     lib = compiled()
     if isinstance(lib, str):
         return lib
     lib.block_matmul_simd.restype = ctypes.c_int
     if not lib.block_matmul_simd():
-        return "this CPU has no AVX-512 VNNI (the block matmul's fast path)"
+        return "this CPU has neither AVX-512 VNNI nor AVX2 (the block matmul's fast paths)"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.block_matmul_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, ctypes.c_int, i64, ptr, ctypes.c_int]
     lib.block_matmul_f32.restype = ctypes.c_int

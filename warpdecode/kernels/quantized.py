@@ -11,12 +11,12 @@ Two formats:
 Each has two kernels, chosen when the weight is made (`impl`, `auto` by default):
 
 * `native` (`Block*Weight`): the block matmul on 8-bit activations (`kernels/block_matmul.py`, the
-  scheme of llama.cpp's Q4_1 x Q8_1 dot products, AVX-512 VNNI); fp16 int4 scales (Q4_1 exactly),
+  scheme of llama.cpp's Q4_1 x Q8_1 dot products, AVX-512 VNNI or AVX2); fp16 int4 scales (Q4_1 exactly),
   float32 int8 scales. A row's outputs do not depend on the other rows of the call, and a verify of
   8 rows costs a fraction of 8 one-row steps.
 * `torch` (`Torch*Weight`): torch's CPU weight-only kernels with bf16 activations
   (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`), bf16 scales; the fallback where the
-  native kernel did not compile or the CPU lacks VNNI.
+  native kernel did not compile or the CPU has neither VNNI nor AVX2.
 
 The two kernels are different quantised models (activation rounding, scale storage): a model runs
 every step through the weights it was made with. The tests compare each kernel with an independent

@@ -11,7 +11,8 @@
  * An output's arithmetic depends only on its own activation row and weight channel (the row's blocks
  * in order, integer sums that are exact whatever their order), never on the other rows of the call or
  * on the thread that runs it: a row computes the same bits alone, in a verify of 8 rows, or in a
- * prefill. The AVX-512 VNNI path and the portable path compute the same bits (explicit fmaf).
+ * prefill. The AVX-512 VNNI, AVX2 and portable paths compute the same bits (explicit fmaf; the AVX2
+ * path's integer sums are exact too: see its passes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,16 +22,22 @@
 #include "kernels.h"
 #include "pool.h"
 
+/* BLOCK_SIMD: 2 AVX-512 VNNI, 1 AVX2 (with FMA and F16C: most x86 laptops and AMD servers), 0 portable C. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
+#define BLOCK_SIMD 2
+#define ROWS 8 /* activation rows per pass over a tile (their accumulators fill the registers) */
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
 #define BLOCK_SIMD 1
+#define ROWS 4 /* 16 ymm registers: 2 accumulators and 2 integer sums per row */
 #else
 #define BLOCK_SIMD 0
+#define ROWS 8
 #endif
 
 #define TILE 16  /* output channels per tile */
 #define BLOCK 32 /* inputs per block */
-#define ROWS 8   /* activation rows per pass over a tile */
 /* Bytes ahead of the block being multiplied that each pass asks the cache to fetch. With a few rows a
  * block's multiply-adds take about as long as its bytes take to arrive; fetching ~20 blocks ahead
  * overlaps the two (measured: 8 rows over 400 MB of int4 blocks 23 -> 11 ms, 1 row unchanged). */
@@ -115,17 +122,29 @@ static inline int64_t pass_rows(int64_t left) {
 #define FOR_PASSES(rows, PASS)                                          \
     for (int64_t r0 = 0, nr; r0 < (rows); r0 += nr) {                   \
         nr = pass_rows((rows) - r0);                                    \
-        switch (nr) {                                                   \
-            case 1: PASS(1); break;                                     \
-            case 2: PASS(2); break;                                     \
-            case 3: PASS(3); break;                                     \
-            case 4: PASS(4); break;                                     \
-            case 5: PASS(5); break;                                     \
-            case 6: PASS(6); break;                                     \
-            case 7: PASS(7); break;                                     \
-            default: PASS(8); break;                                    \
-        }                                                               \
+        PASS_CASES(nr, PASS)                                            \
     }
+#if ROWS == 4
+#define PASS_CASES(nr, PASS)                                            \
+    switch (nr) {                                                       \
+        case 1: PASS(1); break;                                         \
+        case 2: PASS(2); break;                                         \
+        case 3: PASS(3); break;                                         \
+        default: PASS(4); break;                                        \
+    }
+#else
+#define PASS_CASES(nr, PASS)                                            \
+    switch (nr) {                                                       \
+        case 1: PASS(1); break;                                         \
+        case 2: PASS(2); break;                                         \
+        case 3: PASS(3); break;                                         \
+        case 4: PASS(4); break;                                         \
+        case 5: PASS(5); break;                                         \
+        case 6: PASS(6); break;                                         \
+        case 7: PASS(7); break;                                         \
+        default: PASS(8); break;                                        \
+    }
+#endif
 
 #if BLOCK_SIMD
 /* Ask for the cache lines PREFETCH bytes past a block (a hint: past the weight's end it fetches
@@ -133,6 +152,9 @@ static inline int64_t pass_rows(int64_t left) {
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *blk, int bytes) {
     for (int c = 0; c < bytes; c += 64) _mm_prefetch((const char *)(blk + PREFETCH + c), _MM_HINT_T0);
 }
+#endif
+
+#if BLOCK_SIMD == 2
 
 /* s[r] += the block's integer dot products of the 16 channels' weights `w` (8 groups of 4 inputs) with
  * activation row r (xb + r * K). Two chains per row when few rows run (latency), one when many
@@ -192,6 +214,101 @@ static inline __attribute__((always_inline)) void int4_pass(const uint8_t *tile,
 }
 #endif
 
+#if BLOCK_SIMD == 1
+/* AVX2 passes: each 64-byte group of a block is two 32-byte halves, channels 0-7 and 8-15, and
+ * `vpmaddubsw` multiplies unsigned weight bytes by signed activation bytes, adding pairs into int16
+ * lanes; `vpmaddwd` by ones adds those pairs into the channel's int32 lane. Both stay exact:
+ *   int4: a pair is at most 2 * 15 * 127 = 3810, and the 8 groups of a block add up to at most 30480
+ *         in an int16 lane, so the int16 sums run over the whole block before widening;
+ *   int8: the weight byte u becomes q = u - 128 (xor 0x80), and |q| times x with q's sign
+ *         (`vpsignb`) gives pairs of at most 2 * 128 * 127 = 32512, widened group by group.
+ * The float steps are the other paths' own, lane for lane. */
+static inline __attribute__((always_inline)) __m256i broadcast4(const int8_t *x) {
+    return _mm256_set1_epi32(load_i32(x));
+}
+
+static inline __attribute__((always_inline)) void store_rows(const __m256 acc[][2], int64_t r0, const int NR, float *y,
+                                                             int64_t y_stride, int64_t valid) {
+    for (int r = 0; r < NR; r++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, acc[r][0]);
+        _mm256_storeu_ps(out + 8, acc[r][1]);
+        memcpy(y + (r0 + r) * y_stride, out, (size_t)valid * sizeof(float));
+    }
+}
+
+static inline __attribute__((always_inline)) void int4_pass(const uint8_t *tile, int64_t nb, const int8_t *xq,
+                                                            const float *dx, const float *sx, int64_t K, int64_t r0,
+                                                            const int NR, float *y, int64_t y_stride, int64_t valid) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS][2];
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * INT4_BLOCK_BYTES;
+        const int8_t *xb = xq + r0 * K + b * BLOCK;
+        prefetch_block(blk, INT4_BLOCK_BYTES);
+        __m256i s[ROWS][2];
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+        for (int t = 0; t < 4; t++) {
+            for (int h = 0; h < 2; h++) {
+                __m256i p = _mm256_loadu_si256((const void *)(blk + 64 * t + 32 * h));
+                __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                for (int r = 0; r < NR; r++) {
+                    __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xb + r * K + 4 * t));
+                    __m256i c = _mm256_maddubs_epi16(hi, broadcast4(xb + r * K + 4 * (t + 4)));
+                    s[r][h] = _mm256_add_epi16(s[r][h], _mm256_add_epi16(a, c));
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(blk + 256 + 16 * h)));
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(blk + 288 + 16 * h)));
+            for (int r = 0; r < NR; r++) {
+                __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][h], ones));
+                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[(r0 + r) * nb + b]));
+                acc[r][h] = _mm256_fmadd_ps(isum, dd, acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[(r0 + r) * nb + b]), acc[r][h]);
+            }
+        }
+    }
+    store_rows(acc, r0, NR, y, y_stride, valid);
+}
+
+static inline __attribute__((always_inline)) void int8_pass(const uint8_t *tile, const float *scale, int64_t nb,
+                                                            const int8_t *xq, const float *dx, const int32_t *sq,
+                                                            int64_t K, int64_t r0, const int NR, float *y,
+                                                            int64_t y_stride, int64_t valid) {
+    (void)sq; /* the weights are made signed here, so no -128 * sum(xq) correction */
+    const __m256i bias = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS][2];
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * INT8_BLOCK_BYTES;
+        const int8_t *xb = xq + r0 * K + b * BLOCK;
+        prefetch_block(blk, INT8_BLOCK_BYTES);
+        __m256i s[ROWS][2];
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            for (int h = 0; h < 2; h++) {
+                __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const void *)(blk + 64 * g + 32 * h)), bias);
+                __m256i a = _mm256_abs_epi8(q);
+                for (int r = 0; r < NR; r++) {
+                    __m256i p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(broadcast4(xb + r * K + 4 * g), q));
+                    s[r][h] = _mm256_add_epi32(s[r][h], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            __m256 dxr = _mm256_set1_ps(dx[(r0 + r) * nb + b]);
+            for (int h = 0; h < 2; h++) acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), dxr, acc[r][h]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int h = 0; h < 2; h++) acc[r][h] = _mm256_mul_ps(acc[r][h], _mm256_loadu_ps(scale + 8 * h));
+    store_rows(acc, r0, NR, y, y_stride, valid);
+}
+#endif
+
 static void int4_tile(const uint8_t *tile, int64_t nb, const int8_t *xq, const float *dx, const float *sx,
                       int64_t K, int64_t rows, float *y, int64_t y_stride, int64_t valid) {
 #if BLOCK_SIMD
@@ -223,7 +340,7 @@ static void int4_tile(const uint8_t *tile, int64_t nb, const int8_t *xq, const f
 #endif
 }
 
-#if BLOCK_SIMD
+#if BLOCK_SIMD == 2
 static inline __attribute__((always_inline)) void int8_pass(const uint8_t *tile, const float *scale, int64_t nb,
                                                             const int8_t *xq, const float *dx, const int32_t *sq,
                                                             int64_t K, int64_t r0, const int NR, float *y,

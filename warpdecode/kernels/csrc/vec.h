@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -56,6 +56,14 @@ static inline float exp_nonpositive(float x) {
 static inline v16 fma16(v16 a, v16 b, v16 c) {
 #if defined(__AVX512F__)
     return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX__) && defined(__FMA__)
+    __m256 a2[2], b2[2], c2[2]; /* two halves of 8 lanes */
+    memcpy(a2, &a, sizeof a);
+    memcpy(b2, &b, sizeof b);
+    memcpy(c2, &c, sizeof c);
+    for (int h = 0; h < 2; h++) c2[h] = _mm256_fmadd_ps(a2[h], b2[h], c2[h]);
+    memcpy(&c, c2, sizeof c);
+    return c;
 #else
     for (int l = 0; l < LANES; l++) c[l] = fmaf(a[l], b[l], c[l]);
     return c;
