@@ -127,3 +127,39 @@ def test_without_a_compiler_auto_is_the_definition(monkeypatch, tmp_path):
         _clear()
         monkeypatch.undo()
     assert isinstance(native_library(), str) != NATIVE
+
+
+@needs_native
+@pytest.mark.parametrize("march", ["x86-64", "haswell"])
+@pytest.mark.parametrize("D", [64, 20])  # 20: a tail shorter than 16 lanes
+def test_every_instruction_set_computes_the_same_bits(tmp_path, march, D):
+    """The kernel built for another instruction set (x86-64: 16-lane vector types lowered to SSE;
+    haswell: the AVX2 loops) gives this machine's build's bits, on a tree of extra slots too."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    flags = open("/proc/cpuinfo").read() if march == "haswell" else ""
+    if march == "haswell" and not {"avx2", "fma", "f16c"} <= set(flags.split()):
+        pytest.skip("this CPU has no AVX2")
+    so = tmp_path / f"{march}.so"
+    subprocess.run(["cc", "-O3", f"-march={march}", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so),
+                    str(native.CSRC / "exact_attention.c"), str(native.CSRC / "pool.c"), "-lm", "-lpthread"],
+                   check=True, capture_output=True, timeout=120)
+    lib = ctypes.CDLL(str(so))
+    B, H, Hkv, T, S = 2, 6, 2, 5, 90
+    q, k, v = _qkv(B, H, Hkv, T, S, D, seed=3)
+    mask = torch.rand(B, 1, T, S, generator=torch.Generator().manual_seed(4)) < 0.5
+    mask[..., :70] = True  # a prefix, then tree-like extra slots
+    vis = Visibility.of_mask(mask)
+    want = exact_attention(q, k, v, vis, impl="native")
+    got = torch.empty(B, H, T, D)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    args = [ptr(q.data_ptr()), *map(i64, q.stride()[:3]), ptr(k.data_ptr()), ptr(v.data_ptr()),
+            *map(i64, k.stride()[:3]), ptr(got.data_ptr()), *map(i64, (B, H, Hkv, T, D)),
+            ptr(vis.prefix.data_ptr()), ptr(vis.extra_offsets.data_ptr()), ptr(vis.extra.data_ptr()),
+            ctypes.c_float(D ** -0.5), ctypes.c_int(2)]
+    assert lib.exact_attention_f32(*args) == 0
+    assert torch.equal(got, want)

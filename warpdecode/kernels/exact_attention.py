@@ -12,7 +12,7 @@ visible slots of the cache in slot order: the first `prefix` slots, then its `ex
 ancestors beyond the prefix; `Visibility`).
 
 The fast path (`impl="native"`, chosen by `auto` on CPU in float32 when it compiled) is a small C
-kernel (`csrc/exact_attention.c`, the (row, query, key head) tasks on the kernels' work pool), compiled on first use
+kernel (`csrc/exact_attention.c`, the (row, query, query head) tasks on the kernels' work pool), compiled on first use
 with the system C compiler into `$WARPDECODE_CACHE/kernels/` and called through ctypes. It computes the
 same mathematics in its own fixed order, so it is not bit-identical to SDPA (~1e-7 relative, tested)
 but it is bit-identical to itself for a query whatever else the call holds: one query or 128, one row

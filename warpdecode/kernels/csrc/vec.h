@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || (defined(__AVX__) && defined(__FMA__))
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -19,14 +19,43 @@ static inline v16 load16(const float *p) {
     return v;
 }
 
+/* x in every lane (without AVX-512, a scalar operand of a 16-lane operation is spread through memory). */
+static inline v16 splat16(float x) {
+#if defined(__AVX__) && !defined(__AVX512F__)
+    const __m256 h[2] = {_mm256_set1_ps(x), _mm256_set1_ps(x)};
+    v16 v;
+    memcpy(&v, h, sizeof v);
+    return v;
+#else
+    return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#endif
+}
+
 /* The 16 lanes summed in a fixed pairwise order: lane i += lane i + 8, then i + 4, i + 2, i + 1. */
 typedef int32_t i16v __attribute__((vector_size(LANES * sizeof(int32_t))));
+#if defined(__AVX__) && !defined(__AVX512F__)
+/* reduce16 of the 16 lanes held as two 8-lane halves (lanes 0-7, 8-15): the same adds. Without
+ * AVX-512 a 16-lane shuffle goes through memory. */
+static inline float reduce8x2(__m256 lo, __m256 hi) {
+    const __m256 s8 = _mm256_add_ps(lo, hi);                                                /* i += i + 8 */
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* i += i + 4 */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                /* i += i + 2 */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                       /* i += i + 1 */
+}
+#endif
+
 static inline float reduce16(v16 a) {
+#if defined(__AVX__) && !defined(__AVX512F__)
+    __m256 h[2];
+    memcpy(h, &a, sizeof a);
+    return reduce8x2(h[0], h[1]);
+#else
     a += __builtin_shuffle(a, (i16v){8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
     a += __builtin_shuffle(a, (i16v){4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
     a += __builtin_shuffle(a, (i16v){2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
     a += __builtin_shuffle(a, (i16v){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
     return a[0];
+#endif
 }
 
 /* exp(x) for x <= 0 (scores minus their maximum), branch-free so that loops over it vectorise:
