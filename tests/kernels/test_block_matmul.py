@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from warpdecode.kernels import block_matmul as bm
-from warpdecode.kernels.native import CSRC
+from warpdecode.kernels.native import CSRC, cpu_flags
 
 NATIVE = bm.native_available()
 needs_native = pytest.mark.skipif(not NATIVE, reason=f"native block matmul unavailable: {bm.native_library()}")
@@ -94,14 +94,6 @@ def test_a_row_is_the_same_bits_alone_in_any_batch_and_thread_count(bits):
     assert torch.equal(bm.block_matmul(strided, blocks, bits, n, scale), together)
 
 
-def _cpu_has(*flags: str) -> bool:
-    try:
-        line = next(ln for ln in open("/proc/cpuinfo").read().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        return False
-    return set(flags) <= set(line.split())
-
-
 @needs_native
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 @pytest.mark.parametrize(("march", "simd"), [("x86-64", 0), ("haswell", 1)])
@@ -109,7 +101,7 @@ def test_every_path_computes_the_same_bits(tmp_path, march, simd):
     """The C source built for another instruction set (x86-64: the portable loop of CPUs without
     SIMD paths; haswell: the AVX2 path) gives the bits of this machine's own build, also at the
     integer sums' bounds (int4 15 x 127 over a whole block, int8 -127 / 127 x -127 / 127)."""
-    if simd == 1 and not _cpu_has("avx2", "fma", "f16c"):
+    if simd == 1 and not {"avx2", "fma", "f16c"} <= set(cpu_flags().split()):
         pytest.skip("this CPU has no AVX2")
     so = tmp_path / f"{march}.so"
     subprocess.run(["cc", "-O2", f"-march={march}", "-fPIC", "-shared", "-o", str(so),

@@ -33,7 +33,7 @@ the same bits for the same inputs whichever way they are reached."""
 _build_lock = threading.Lock()
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The CPU's feature flags (the compiled kernel is built for them, `-march=native`)."""
     with contextlib.suppress(OSError):
         return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
@@ -52,7 +52,7 @@ def compiled() -> ctypes.CDLL | str:
     compiler = os.environ.get("CC", "cc")
     text = [p.read_bytes() for p in sorted([*sources, *CSRC.glob("*.h")])]
     key = hashlib.sha256(b"\0".join([*text, " ".join(FLAGS).encode(), compiler.encode(),
-                                     _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
+                                     cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"warpdecode-kernels-{key}.so"
     with _build_lock:
         if not target.exists():
