@@ -4,14 +4,12 @@ and its invariance: a row's bits do not depend on the other rows of the call or 
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import pytest
 import torch
+from isa_builds import build_for
 
 from warpdecode.kernels import block_matmul as bm
-from warpdecode.kernels.native import CSRC, cpu_flags
 
 NATIVE = bm.native_available()
 needs_native = pytest.mark.skipif(not NATIVE, reason=f"native block matmul unavailable: {bm.native_library()}")
@@ -95,19 +93,12 @@ def test_a_row_is_the_same_bits_alone_in_any_batch_and_thread_count(bits):
 
 
 @needs_native
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 @pytest.mark.parametrize(("march", "simd"), [("x86-64", 0), ("haswell", 1)])
 def test_every_path_computes_the_same_bits(tmp_path, march, simd):
     """The C source built for another instruction set (x86-64: the portable loop of CPUs without
     SIMD paths; haswell: the AVX2 path) gives the bits of this machine's own build, also at the
     integer sums' bounds (int4 15 x 127 over a whole block, int8 -127 / 127 x -127 / 127)."""
-    if simd == 1 and not {"avx2", "fma", "f16c"} <= set(cpu_flags().split()):
-        pytest.skip("this CPU has no AVX2")
-    so = tmp_path / f"{march}.so"
-    subprocess.run(["cc", "-O2", f"-march={march}", "-fPIC", "-shared", "-o", str(so),
-                    str(CSRC / "block_matmul.c"), str(CSRC / "pool.c"), "-lm", "-lpthread"], check=True,
-                   capture_output=True, timeout=120)
-    lib = ctypes.CDLL(str(so))
+    lib = build_for(march, ["block_matmul.c"], tmp_path)
     assert lib.block_matmul_simd() == simd
     n, k, rows = 37, 96, 6
     x = activations(rows, k)

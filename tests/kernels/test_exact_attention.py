@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from isa_builds import build_for
 
 from warpdecode.kernels import exact_attention as ea
 from warpdecode.kernels import native
@@ -136,18 +137,8 @@ def test_every_instruction_set_computes_the_same_bits(tmp_path, march, D):
     """The kernel built for another instruction set (x86-64: 16-lane vector types lowered to SSE;
     haswell: the AVX2 loops) gives this machine's build's bits, on a tree of extra slots too."""
     import ctypes
-    import shutil
-    import subprocess
 
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler")
-    if march == "haswell" and not {"avx2", "fma", "f16c"} <= set(native.cpu_flags().split()):
-        pytest.skip("this CPU has no AVX2")
-    so = tmp_path / f"{march}.so"
-    subprocess.run(["cc", "-O3", f"-march={march}", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so),
-                    str(native.CSRC / "exact_attention.c"), str(native.CSRC / "pool.c"), "-lm", "-lpthread"],
-                   check=True, capture_output=True, timeout=120)
-    lib = ctypes.CDLL(str(so))
+    lib = build_for(march, ["exact_attention.c"], tmp_path)
     B, H, Hkv, T, S = 2, 6, 2, 5, 90
     q, k, v = _qkv(B, H, Hkv, T, S, D, seed=3)
     mask = torch.rand(B, 1, T, S, generator=torch.Generator().manual_seed(4)) < 0.5
