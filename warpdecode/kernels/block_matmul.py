@@ -3,8 +3,9 @@ path of the int4 and int8 weights of `kernels/quantized.py`.
 
 A decode or verify step multiplies a few activation rows by every weight; llama.cpp's answer, used
 here too, is to quantise each activation row per block of 32 inputs to int8 and take the block's dot
-products in integers (AVX-512 VNNI: 64 multiply-adds per instruction; AVX2: 32 per `vpmaddubsw`), so a step of 8 rows costs
-little more than a step of 1: the weight bytes are read once per step, whatever the rows.
+products in integers, reading the weight bytes once per step, whatever the rows. With AVX-512 VNNI
+(64 multiply-adds per instruction) a step of 8 rows costs little more than a step of 1; with AVX2
+(`vpmaddubsw`, 32 per instruction, and the int16 sums' own adds) about 2.5x, 5 rows 2x.
 
 Layout: output channels in tiles of 16, inputs in blocks of 32; a tile's blocks follow each other, so
 a tile streams from memory in order. Within a block, group g (inputs 4g..4g+3) of channel j sits in
