@@ -4,6 +4,7 @@ native build's (`kernels/csrc`: every SIMD path computes the portable loop's ari
 from __future__ import annotations
 
 import ctypes
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +23,8 @@ def build_for(march: str, sources: list[str], tmp_path: Path) -> ctypes.CDLL:
     flags; skips the test when there is no compiler or this CPU cannot run that instruction set."""
     if shutil.which("cc") is None:
         pytest.skip("no C compiler")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"-march={march} is an x86-64 target, this machine is {platform.machine()}")
     missing = MARCHES[march] - set(cpu_flags().split())
     if missing:
         pytest.skip(f"this CPU has no {', '.join(sorted(missing))}")
