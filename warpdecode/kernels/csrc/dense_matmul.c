@@ -52,7 +52,7 @@ static inline __attribute__((always_inline)) void dense_pass(const dense_job *a,
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if VEC_HALVES && defined(__FMA__)
 #define DENSE_AVX2 1
 /* dense_pass for one row with the 16 lanes as two 8-lane halves in registers (without AVX-512, the
  * 16-lane vector types of 6 rows x 4 channels spill): the same fused multiply-adds, the same reduction. */

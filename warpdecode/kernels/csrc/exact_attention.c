@@ -23,7 +23,7 @@
  * d = l, l + 16, ...), then reduce16. Every key's score goes through this one function (a short
  * block repeats its last row), so a key's bits never depend on its neighbours. */
 static inline void dot4(const float *a, const float *const b[4], int64_t n, float out[4]) {
-#if defined(__AVX__) && !defined(__AVX512F__)
+#if VEC_HALVES
     /* The same lanes as two 8-lane halves in registers (16-lane vector types spill without AVX-512). */
     __m256 acc[4][2];
     for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -77,7 +77,7 @@ static inline void dot4(const float *a, const float *const b[4], int64_t n, floa
 static void weighted_sum(const float *s, const float *vb, const int32_t *more, int64_t n_prefix, int64_t n,
                          int64_t stride, int64_t D, float *out) {
     int64_t d = 0;
-#if defined(__AVX__) && !defined(__AVX512F__)
+#if VEC_HALVES
     for (; d + 4 * LANES <= D; d += 4 * LANES) { /* the same sums, 8 lanes a register */
         __m256 acc[8];
         for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();

@@ -10,6 +10,14 @@
 #include <immintrin.h>
 #endif
 
+/* VEC_HALVES: an AVX CPU without AVX-512, where the 16-lane vector types below would go through memory
+ * for splats and shuffles; the kernels' hot loops then hold the same 16 lanes as two 8-lane registers. */
+#if defined(__AVX__) && !defined(__AVX512F__)
+#define VEC_HALVES 1
+#else
+#define VEC_HALVES 0
+#endif
+
 #define LANES 16
 typedef float v16 __attribute__((vector_size(LANES * sizeof(float))));
 
@@ -19,9 +27,9 @@ static inline v16 load16(const float *p) {
     return v;
 }
 
-/* x in every lane (without AVX-512, a scalar operand of a 16-lane operation is spread through memory). */
+/* x in every lane. */
 static inline v16 splat16(float x) {
-#if defined(__AVX__) && !defined(__AVX512F__)
+#if VEC_HALVES
     const __m256 h[2] = {_mm256_set1_ps(x), _mm256_set1_ps(x)};
     v16 v;
     memcpy(&v, h, sizeof v);
@@ -33,9 +41,8 @@ static inline v16 splat16(float x) {
 
 /* The 16 lanes summed in a fixed pairwise order: lane i += lane i + 8, then i + 4, i + 2, i + 1. */
 typedef int32_t i16v __attribute__((vector_size(LANES * sizeof(int32_t))));
-#if defined(__AVX__) && !defined(__AVX512F__)
-/* reduce16 of the 16 lanes held as two 8-lane halves (lanes 0-7, 8-15): the same adds. Without
- * AVX-512 a 16-lane shuffle goes through memory. */
+#if VEC_HALVES
+/* reduce16 of the 16 lanes held as two 8-lane halves (lanes 0-7, 8-15): the same adds. */
 static inline float reduce8x2(__m256 lo, __m256 hi) {
     const __m256 s8 = _mm256_add_ps(lo, hi);                                                /* i += i + 8 */
     const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* i += i + 4 */
@@ -45,7 +52,7 @@ static inline float reduce8x2(__m256 lo, __m256 hi) {
 #endif
 
 static inline float reduce16(v16 a) {
-#if defined(__AVX__) && !defined(__AVX512F__)
+#if VEC_HALVES
     __m256 h[2];
     memcpy(h, &a, sizeof a);
     return reduce8x2(h[0], h[1]);
