@@ -22,10 +22,12 @@ def target():
     return greedy_target()
 
 
-@pytest.fixture(scope="module", params=[None, (1, 3)], ids=["final-feature", "fused-features"])
+@pytest.fixture(scope="module", params=[{}, {"feature_layers": (1, 3)}, {"layout": "eagle3"}],
+                ids=["final-feature", "fused-features", "eagle3-shape"])
 def package(target, tmp_path_factory, request):
-    """An EAGLE drafter on the target's final feature, and one fusing hidden states 1 and 3 (EAGLE-3)."""
-    return eagle_package(target, tmp_path_factory.mktemp("eagle") / "drafter", std=0.5, feature_layers=request.param)
+    """An EAGLE drafter on the target's final feature, one fusing hidden states 1 and 3, and one of
+    EAGLE-3's shape (`models/eagle.py`: layer inputs 2, 1 and 0 of this 3-layer target)."""
+    return eagle_package(target, tmp_path_factory.mktemp("eagle") / "drafter", std=0.5, **request.param)
 
 
 def naive_chain(target, net: EagleNet, prompt: list[int], pending: int, depth: int) -> list[int]:
@@ -136,4 +138,5 @@ def test_the_drafter_runs_on_packed_weights(target, package):
     method = build_method("eagle", options={"path": package})
     generate(target, None, [1, 2, 3], max_new_tokens=4, stop_at_eos=False, method=method)
     net = method.drafter.net
-    assert net.head.packed is not None and net.fc.packed is not None and net.block.attn.qkv.packed is not None
+    assert net.frozen_head().packed is not None and net.block.attn.qkv.packed is not None
+    assert all(linear.packed is not None for linear in (net.fc, net.fuse) if linear is not None)

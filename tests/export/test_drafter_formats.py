@@ -224,7 +224,8 @@ def test_layouts_a_peer_would_misread_are_refused_in_one_line(target, tmp_path):
              (eagle, "eagle", "no input norm in its first layer, no norm before the LM head.*train with layout: eagle"),
              (eagle3, "eagle", "feeds both \\(2C wide\\) to attention"),
              (eagle, "hf", "--format hf writes distilled drafters"),
-             (eagle, "eagle3", "EAGLE-3 layout")]
+             (eagle, "eagle3", "EAGLE-3 layout.*train with layout: eagle3"),
+             (eagle3, "eagle3", "EAGLE-3 layout.*train with layout: eagle3")]
     for source, fmt, message in cases:
         with pytest.raises(CapabilityError, match=message) as error:
             _convert(source, tmp_path / "out", fmt, target)
@@ -272,8 +273,7 @@ def test_eagle1_layout_computes_what_a_llama_decoder_layer_computes_and_round_tr
 
 def test_published_eagle_checkpoints_of_other_shapes_are_refused_with_what_differs(target, tmp_path):
     C = target[0].config.d_model
-    cases = (("EAGLE-3 checkpoint", {"midlayer.hidden_norm.weight": torch.ones(C), "d2t": torch.zeros(4, dtype=torch.long)}),
-             ("fc has a bias", {"fc.weight": torch.zeros(C, 2 * C), "fc.bias": torch.ones(C)}),
+    cases = (("fc has a bias", {"fc.weight": torch.zeros(C, 2 * C), "fc.bias": torch.ones(C)}),
              ("layers.0.input_layernorm.weight is not part of EAGLE-1's shape",
               {"fc.weight": torch.zeros(C, 2 * C), "layers.0.input_layernorm.weight": torch.ones(C)}))
     for i, (message, tensors) in enumerate(cases):
@@ -288,3 +288,124 @@ def test_format_and_output_name_are_checked_first(tmp_path):
                               ("hf", "x.gguf", "writes a directory")):
         with pytest.raises(ConfigError, match=message):
             check_format(fmt, tmp_path / out)
+
+
+@pytest.fixture(scope="module")
+def target4(tmp_path_factory):
+    """A 4-block GQA model: EAGLE-3's layout reads three distinct layer inputs in 1..L-1."""
+    directory = save_tiny_model(tmp_path_factory.mktemp("target4") / "model", n_layer=4, n_head=4, n_kv_head=2)
+    return load_pretrained(directory)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def peer_eagle3(weights: dict, config: dict, aux: list[torch.Tensor], embeds: torch.Tensor):
+    """EAGLE-3's draft forward over T causal pairs as SafeAILab/EAGLE (`cnets.py`: `Model.forward`,
+    `LlamaDecoderLayeremb`, `LlamaAttention`, `topK_genrate`'s `lm_head(norm(out))`) and vLLM
+    (`llama_eagle3.py`) compute it, written out from the checkpoint alone. aux: the target's hidden
+    states (T, C) in layer order; embeds: (T, C). Returns the output fed back (T, C) and logits (T, N)."""
+    eps, H, Hkv, D = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    w = {k: v.float() for k, v in weights.items()}
+    hidden = torch.cat(aux, -1) @ w["fc.weight"].T  # (T, C)
+    x = torch.cat([_rms_norm(embeds, w["midlayer.input_layernorm.weight"], eps),
+                   _rms_norm(hidden, w["midlayer.hidden_norm.weight"], eps)], -1)  # (T, 2C)
+    T = x.shape[0]
+    q, k, v = ((x @ w[f"midlayer.self_attn.{p}_proj.weight"].T).view(T, -1, D).transpose(0, 1) for p in "qkv")
+    inv_freq = 1.0 / config["rope_theta"] ** (torch.arange(0, D, 2).float() / D)
+    angles = torch.arange(T).float()[:, None] * inv_freq[None]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def rotate(t):
+        return t * cos + torch.cat([-t[..., D // 2 :], t[..., : D // 2]], -1) * sin
+
+    q, k = rotate(q), rotate(k).repeat_interleave(H // Hkv, 0)
+    scores = q @ k.transpose(-1, -2) / D**0.5 + torch.full((T, T), float("-inf")).triu(1)
+    y = (scores.softmax(-1) @ v.repeat_interleave(H // Hkv, 0)).transpose(0, 1).reshape(T, H * D)
+    out = hidden + y @ w["midlayer.self_attn.o_proj.weight"].T
+    n = _rms_norm(out, w["midlayer.post_attention_layernorm.weight"], eps)
+    mlp = w["midlayer.mlp.down_proj.weight"]
+    out = out + (torch.nn.functional.silu(n @ w["midlayer.mlp.gate_proj.weight"].T) * (n @ w["midlayer.mlp.up_proj.weight"].T)) @ mlp.T
+    return out, _rms_norm(out, w["norm.weight"], eps) @ w["lm_head.weight"].T
+
+
+def test_eagle3_layout_computes_what_the_peers_compute_and_reads_back(target4, tmp_path):
+    """A drafter of EAGLE-3's shape (its feature layers listed out of order) written in the EAGLE-3
+    layout: the peers' computation from the written files alone gives warpdecode's predicted features
+    and draft logits; read back, the package keeps the trained head, drafts losslessly, and writes the
+    same files again."""
+    from warpdecode.decoding.generate import build_method, generate
+    from warpdecode.models.eagle import EagleNet
+
+    model, _ = target4
+    source = eagle_package(model, tmp_path / "package", layout="eagle3", feature_layers=(3, 1, 2))
+    out = _convert(source, tmp_path / "eagle3", "eagle3", target4)
+    config = json.loads((out / "config.json").read_text())
+    weights = load_file(str(out / "model.safetensors"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert config["eagle_aux_hidden_state_layer_ids"] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    net = DrafterPackage.load(source).load_net(model, EagleNet)
+    N, V = net.config.vocab_size, model.config.vocab_size
+    assert config["draft_vocab_size"] == N and config["vocab_size"] == V
+    assert torch.equal(weights["d2t"] + torch.arange(N), net.draft_vocab)
+    assert weights["t2d"].dtype == torch.bool and int(weights["t2d"].sum()) == N
+    assert bool(weights["t2d"][net.draft_vocab].all())
+    T = 7
+    tokens = torch.randint(0, V, (1, T))
+    with torch.inference_mode():
+        hidden = model(tokens, hidden_layers=(1, 2, 3)).hidden_states
+        features = net.target_feature(hidden)  # (1, T, C)
+        ours, logits = net(features, tokens, model.embed, torch.arange(1, T + 1)[None])  # RoPE is relative
+        peer, peer_logits = peer_eagle3(weights, config, [hidden[j][0] for j in (1, 2, 3)], model.embed(tokens)[0])
+        torch.testing.assert_close(ours[0], peer, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits[0], peer_logits, atol=1e-4, rtol=1e-4)
+
+        back_dir = _convert(out, tmp_path / "back", "warpdecode", target4)
+        back = DrafterPackage.load(back_dir, "eagle")
+        assert back.config | {"feature_layers": None} == {"draft_vocab_size": N, "d_ff": model.config.d_ff,
+                                                           "feature_layers": None, "layout": "eagle3", "own_head": True}
+        assert "layer.lm_head.weight" in back.weights
+        again = back.load_net(model, EagleNet)
+        again_out, again_logits = again(again.target_feature(hidden), tokens, model.embed, torch.arange(1, T + 1)[None])
+        torch.testing.assert_close(again_out, ours, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(again_logits, logits, atol=1e-4, rtol=1e-4)
+    rewritten = load_file(str(_convert(back_dir, tmp_path / "again", "eagle3", target4) / "model.safetensors"))
+    assert rewritten.keys() == weights.keys() and all(torch.equal(rewritten[k], weights[k]) for k in weights)
+    prompt = [5, 9, 14, 3]
+    method = build_method("eagle", options={"path": str(back_dir), "tree": "dynamic"})  # EAGLE-3 stores no tree
+    out = generate(model, None, prompt, max_new_tokens=12, stop_at_eos=False, method=method)
+    assert out.token_ids == naive_greedy(model, prompt, 12)
+
+
+def test_eagle3_checkpoints_that_do_not_fit_are_refused_in_one_line(target4, tmp_path):
+    model, _ = target4
+    source = eagle_package(model, tmp_path / "package", layout="eagle3", feature_layers=(1, 2, 3))
+    good = _convert(source, tmp_path / "good", "eagle3", target4)
+    weights, config = load_file(str(good / "model.safetensors")), json.loads((good / "config.json").read_text())
+    N, C = int(weights["d2t"].shape[0]), model.config.d_model
+    cases = [
+        (CapabilityError, "midlayer.extra.weight is not part of EAGLE-3's", {"midlayer.extra.weight": torch.ones(C)}, {}),
+        (CheckpointError, "has no midlayer.hidden_norm.weight", {"midlayer.hidden_norm.weight": None}, {}),
+        (CapabilityError, "norm_before_residual", {}, {"norm_before_residual": True}),
+        (CapabilityError, "embed_tokens differs", {"embed_tokens.weight": torch.zeros_like(model.embed.weight)}, {}),
+        (CheckpointError, "d2t must map", {"d2t": torch.full((N,), 10**6)}, {}),
+        (CheckpointError, "three distinct target layers", {}, {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}),
+        (CheckpointError, r"fc.weight must be \(32, 96\)", {"fc.weight": torch.zeros(C, 2 * C)}, {}),
+        (CapabilityError, "rope_theta", {}, {"rope_theta": 1.0}),
+    ]
+    for i, (error, message, changed, config_changes) in enumerate(cases):
+        case = tmp_path / f"case{i}"
+        case.mkdir()
+        tensors = {k: v for k, v in ({**weights, **changed}).items() if v is not None}
+        save_file(tensors, str(case / "model.safetensors"))
+        (case / "config.json").write_text(json.dumps(config | config_changes))
+        with pytest.raises(error, match=message) as raised:
+            _convert(case, tmp_path / "back", "warpdecode", target4)
+        assert "\n" not in str(raised.value)
+    assert not (tmp_path / "back").exists()
+    layer0 = eagle_package(model, tmp_path / "layer0", layout="eagle3", feature_layers=(0, 1, 2))
+    final = eagle_package(model, tmp_path / "final", layout="eagle3", feature_layers=(1, 2, 4))
+    for package in (layer0, final):
+        with pytest.raises(CapabilityError, match="inputs of target layers 1..3"):
+            _convert(package, tmp_path / "out", "eagle3", target4)

@@ -85,10 +85,10 @@ def test_distilled_graph_equals_the_pytorch_network_with_a_cache(tiny_package):
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [9]
 
 
-@pytest.mark.parametrize("layout", [None, "eagle"])
+@pytest.mark.parametrize("layout", [None, "eagle", "eagle3"])
 def test_eagle_graphs_equal_the_pytorch_network_with_a_cache_and_a_tree_mask(tiny_package, layout, tmp_path):
     directory, target, net = packaged_net(tiny_package, "eagle")
-    if layout is not None:  # EAGLE-1's shape (no norms around the block): its graphs written on their own
+    if layout is not None:  # EAGLE-1's / EAGLE-3's shape: their graphs written on their own
         from tiny_models import eagle_package
 
         from warpdecode.export.drafter_graphs import export_drafter_graphs

@@ -14,11 +14,14 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny_pair(seed: int = 0, layout: str | None = None) -> tuple[Transformer, EagleNet]:
+    """A random target (4 layers for EAGLE-3's shape, which reads three layer inputs, else 2) and an
+    EAGLE network of `layout` for it."""
     torch.manual_seed(seed)
-    target = Transformer(ModelConfig(vocab_size=50, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64,
-                                     max_seq_len=64))
+    target = Transformer(ModelConfig(vocab_size=50, n_layer=4 if layout == "eagle3" else 2, n_head=4, n_kv_head=2,
+                                     d_model=32, d_ff=64, max_seq_len=64))
     target.init_weights(0.2)
-    net = EagleNet(target.config, draft_vocab_size=40, layout=layout)
+    feature_layers = (0, 1, 3) if layout == "eagle3" else None
+    net = EagleNet(target.config, draft_vocab_size=40, feature_layers=feature_layers, layout=layout)
     net.init_from_target(target, torch.arange(5, 45), std=0.2)
     return target.eval(), net.eval()
 
@@ -58,18 +61,18 @@ def test_shift_left_pads_with_zeros():
 
 def test_head_is_the_targets_rows_of_the_draft_vocabulary():
     target, net = tiny_pair()
-    assert torch.equal(net.head.weight, target.embed.weight[5:45])
-    assert not net.head.weight.requires_grad
+    assert torch.equal(net.frozen_head().weight, target.embed.weight[5:45])
+    assert not net.frozen_head().weight.requires_grad
     assert "layer.lm_head.weight" not in net.trainable_state()
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("layout", [None, "eagle"])
+@pytest.mark.parametrize("layout", [None, "eagle", "eagle3"])
 def test_unrolled_steps_equal_inference_drafting(layout):
     target, net = tiny_pair(layout=layout)
     T = 10
     tokens = torch.randint(0, 50, (1, T))
-    features = target(tokens, hidden_layers=(2,)).hidden_states[2]  # (1, T, C)
+    features = net.target_feature(target(tokens, hidden_layers=net.feature_layers).hidden_states)  # (1, T, C)
     steps = net.unrolled(features, tokens, target.embed, steps=3)
 
     # Step 0 is the causal pass over the true pairs (f_i, x_{i+1}) at positions i + 1.
@@ -97,7 +100,7 @@ def test_eagle1_layout_has_no_norms_around_the_block_and_no_fc_bias():
     with pytest.raises(ConfigError, match="eagle layout"):
         EagleNet(target.config, draft_vocab_size=40, feature_layers=(1, 2), layout="eagle")
     with pytest.raises(ConfigError, match="eagle layout"):
-        EagleNet(target.config, draft_vocab_size=40, layout="eagle3")
+        EagleNet(target.config, draft_vocab_size=40, layout="eagle2")
 
 
 def test_fused_features_start_as_the_final_feature():
@@ -116,3 +119,15 @@ def test_feature_layers_include_the_final_one_once(layers):
     target, _ = tiny_pair()
     with pytest.raises(ConfigError, match="feature_layers"):
         EagleNet(target.config, draft_vocab_size=40, feature_layers=layers)
+
+
+def test_eagle3_layout_reads_three_hidden_states_into_a_two_c_wide_attention():
+    target, net = tiny_pair(layout="eagle3")
+    assert net.fc is None and net.fuse is not None and net.fuse.weight.shape == (32, 96)
+    assert net.block.attn.q_proj.weight.shape == (32, 64) and net.block.attn.o_proj.weight.shape == (32, 32)
+    assert isinstance(net.layer.norm, torch.nn.Identity) and not isinstance(net.out_norm, torch.nn.Identity)
+    deep = ModelConfig(vocab_size=50, n_layer=30, n_head=4, d_model=32, d_ff=64, max_seq_len=64)
+    assert EagleNet(deep, 40, layout="eagle3").feature_layers == (2, 15, 27)  # the peers' default
+    for layers in ((1, 2), (1, 1, 2), (0, 1, 5), (0, 1, 2, 3)):
+        with pytest.raises(ConfigError, match="three distinct target hidden states in 0..4"):
+            EagleNet(target.config, draft_vocab_size=40, feature_layers=layers, layout="eagle3")

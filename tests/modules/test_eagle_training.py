@@ -19,7 +19,7 @@ def naive_loss(module: EagleModule, batch: dict[str, torch.Tensor]) -> torch.Ten
     """The loss written over every start position, targets zero-padded past the sequence and masked out."""
     outputs, features = module._unroll(batch)
     n = batch["tokens"].shape[1] - 1
-    target_probs = module.net.head(features).softmax(-1)
+    target_probs = module.net.frozen_head()(features).softmax(-1)
     total = torch.zeros(())
     for k, (predicted, logits) in enumerate(outputs):
         valid = (torch.arange(n)[None] + 2 + k < batch["lengths"][:, None]).float()
@@ -39,6 +39,23 @@ def test_the_loss_equals_its_naive_reference(tiny_model_dir, self_distill_data):
     assert (batch["lengths"] < batch["tokens"].shape[1]).any()  # padded rows: the masking is exercised
     torch.testing.assert_close(module.loss(batch)[0], naive_loss(module, batch))
 
+
+def test_eagle3_layout_has_no_feature_loss(tiny_model_dir, self_distill_data):
+    """EAGLE-3's shape feeds back unnormed block outputs: no target feature to regress on, so the loss is the
+    token loss alone (its naive reference with the feature weight 0) and a feature weight is refused."""
+    self_distill_data.prepare_data()
+    self_distill_data.setup("fit")
+    module = EagleModule(target=str(tiny_model_dir), draft_vocab_size=200, steps=2, layout="eagle3",
+                         feature_layers=[0, 1, 2])
+    module.init_drafter(frequent_tokens(torch.as_tensor(self_distill_data.token_counts()), 200, []))
+    batch = next(iter(self_distill_data.train_dataloader()))
+    assert module.hparams["feature_weight"] == 0.0
+    torch.testing.assert_close(module.loss(batch)[0], naive_loss(module, batch))
+    with pytest.raises(ConfigError, match="set feature_weight: 0"):
+        EagleModule(target=str(tiny_model_dir), draft_vocab_size=200, layout="eagle3", feature_layers=[0, 1, 2],
+                    feature_weight=1.0)
+
+
 def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
     counts = torch.tensor([5, 0, 9, 1, 7, 0])
     assert frequent_tokens(counts, 3, always=[5]).tolist() == [2, 4, 5]
@@ -48,13 +65,14 @@ def test_frequent_tokens_keep_stop_tokens_and_sort_by_id():
 
 
 @pytest.mark.parametrize(("feature_layers", "feature_weight", "layout"),
-                         [(None, 1.0, None), ([1, 2], 0.0, None), (None, 1.0, "eagle")],
-                         ids=["final-feature", "fused-features-token-loss", "eagle1-layout"])
+                         [(None, 1.0, None), ([1, 2], 0.0, None), (None, 1.0, "eagle"), ([0, 1, 2], None, "eagle3")],
+                         ids=["final-feature", "fused-features-token-loss", "eagle1-layout", "eagle3-layout"])
 def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_model_dir, self_distill_data, tmp_path,
                                                                         fit_drafter, accepted_on_training_prompts,
                                                                         feature_layers, feature_weight, layout):
     """EAGLE, EAGLE-3's variant (hidden states 1 and 2, the final one, fused, computed by the frozen
-    target while training, and no feature loss), and EAGLE-1's shape (`layout="eagle"`, exportable)."""
+    target while training, and no feature loss), EAGLE-1's shape (`layout="eagle"`, exportable) and
+    EAGLE-3's (`layout="eagle3"`: its feature loss off by default)."""
     module = EagleModule(target=str(tiny_model_dir), draft_vocab_size=200, steps=3, lr=1e-2, warmup_steps=5,
                           feature_layers=feature_layers, feature_weight=feature_weight, token_weight=1.0,
                           layout=layout, tree_nodes=6, export_dir=str(tmp_path / "drafter"))
@@ -65,6 +83,7 @@ def test_fit_improves_simulated_acceptance_and_writes_a_runnable_package(tiny_mo
     package = DrafterPackage.load(tmp_path / "drafter", "eagle")
     assert package.config["feature_layers"] == (feature_layers or [2])
     assert package.config.get("layout") == layout
+    assert module.hparams["feature_weight"] == (0.0 if layout == "eagle3" else feature_weight)
     assert len(package.tree["rank_paths"]) == 6
     assert package.training["tokens_seen"] > 0 and package.training["val_tau_tree"] >= package.training["val_tau_chain"]
     curve = package.training["val_tau_by_nodes"]

@@ -20,9 +20,8 @@ from warpdecode.export.draft_model_formats import (
 from warpdecode.export.eagle_layout import (
     looks_like_eagle,
     read_eagle,
-    refuse_eagle3_import,
-    refuse_eagle_export,
     write_eagle,
+    write_eagle3,
 )
 from warpdecode.export.medusa_layout import MEDUSA_WEIGHTS, VLLM_WEIGHTS, read_medusa, write_medusa
 from warpdecode.models.drafter_package import DrafterPackage
@@ -35,8 +34,8 @@ FORMATS = {
     "medusa": ("medusa", "FasterDecoding/Medusa's layout (config.json + medusa_lm_head.safetensors)"),
     "vllm-medusa": ("medusa", "vLLM's Medusa layout (config.json + model.safetensors with token_map)"),
     "eagle": ("eagle", "the EAGLE-1 checkpoint layout of SafeAILab/EAGLE and vLLM (drafters of layout=eagle)"),
-    "eagle3": ("eagle", "the EAGLE-3 checkpoint layout of SafeAILab/EAGLE, SGLang and vLLM (refused: see why)"),
-    "warpdecode": ("medusa", "a warpdecode drafter package, read from a Medusa, vLLM-Medusa or EAGLE-1 checkpoint"),
+    "eagle3": ("eagle", "the EAGLE-3 checkpoint layout of SafeAILab/EAGLE, SGLang and vLLM (drafters of layout=eagle3)"),
+    "warpdecode": ("medusa", "a warpdecode drafter package from a Medusa, vLLM-Medusa, EAGLE-1 or EAGLE-3 checkpoint"),
 }
 """format → (the drafter kind it takes or makes, what it is)."""
 
@@ -85,13 +84,13 @@ def convert_drafter(source: Path, out: Path, fmt: str, target: Transformer, toke
     if fmt == "eagle":
         return write_eagle(package, target, out, where=where)
     if fmt == "eagle3":
-        refuse_eagle_export(fmt, package.config.get("feature_layers"))
+        return write_eagle3(package, target, out, where=where)
     return write_medusa(package, target, out, where=where, layout="medusa" if fmt == "medusa" else "vllm",
                         base_model=str(target_directory.resolve()))
 
 
 def import_checkpoint(source: Path, target: Transformer, target_name: str) -> DrafterPackage:
-    """A warpdecode package from a peer's drafter checkpoint directory (Medusa layouts, EAGLE-1; EAGLE-3 refused)."""
+    """A warpdecode package from a peer's drafter checkpoint directory (Medusa layouts, EAGLE-1, EAGLE-3)."""
     if not source.is_dir():
         raise CheckpointError(f"{source} is not a checkpoint directory")
     names: set[str] = set()
@@ -102,7 +101,6 @@ def import_checkpoint(source: Path, target: Transformer, target_name: str) -> Dr
         except Exception as e:  # SafetensorError, OSError, or whatever a corrupt header provokes
             raise CheckpointError(f"corrupt weights file {path}: {one_line(e)}") from e
     if looks_like_eagle(names):
-        refuse_eagle3_import(source, names)
         return read_eagle(source, target, source_name=target_name)
     if not (source / MEDUSA_WEIGHTS).is_file() and not (source / VLLM_WEIGHTS).is_file():
         raise CheckpointError(f"{source} holds neither {MEDUSA_WEIGHTS} (FasterDecoding/Medusa) nor {VLLM_WEIGHTS} "

@@ -49,7 +49,7 @@ from warpdecode.export.step_graph import StepGraph
 from warpdecode.models.clover import CloverNet
 from warpdecode.models.distilled_draft import DistilledDraftNet
 from warpdecode.models.draft_head import DraftVocabNet
-from warpdecode.models.eagle import EagleNet
+from warpdecode.models.eagle import EagleNet, mix_pair
 from warpdecode.models.medusa import HydraHeads, MedusaHeads
 
 GraphWriter = Callable[[Any, Path], None]
@@ -87,18 +87,18 @@ class _HydraStep(nn.Module):
         return self.net.step(self.k, features, embeds)
 
 
-class _Head(nn.Module):
-    def __init__(self, head: nn.Module) -> None:
+class _EagleHead(nn.Module):
+    def __init__(self, net: EagleNet) -> None:
         super().__init__()
-        self.head = head
+        self.net = net
 
     def forward(self, features: Tensor) -> Tensor:
-        return self.head(features)
+        return self.net.head(features)
 
 
 class EagleStepGraph(StepGraph):
-    """The EAGLE layer's step: fc over the (feature, token embedding) pairs, then the one block and
-    norm exactly as the backbone's step graph runs its blocks."""
+    """The EAGLE layer's step: fc over the (feature, token embedding) pairs (EAGLE-3's shape: the pairs
+    themselves), then the one block and norm exactly as the backbone's step graph runs its blocks."""
 
     def __init__(self, net: EagleNet) -> None:
         super().__init__(net.layer, ())
@@ -112,7 +112,7 @@ class EagleStepGraph(StepGraph):
 
     def forward(self, features: Tensor, embeds: Tensor, position_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
                 *past: Tensor) -> tuple[Tensor, ...]:
-        x = self.fc(torch.cat([features, embeds], dim=-1))
+        x = mix_pair(self.fc, features, embeds)
         hidden, new_keys, new_values, _ = self.run_blocks(x, position_ids, attention_mask, past)
         return hidden, new_keys, new_values
 
@@ -123,7 +123,7 @@ def export_eagle_graphs(net: EagleNet, directory: Path) -> None:
     from torch.export import Dim
 
     net.unpack()  # the export traces the dense weights
-    config, C = net.config, net.fc.out_features
+    config, C = net.config, net.config.d_model
     B, T, S = 2, 3, 5  # distinct sizes > 1: the exporter keeps every dimension dynamic
     inputs = (torch.zeros(B, T, C), torch.zeros(B, T, C), (S + torch.arange(T)).expand(B, T).contiguous(),
               torch.ones(B, 1, T, S + T, dtype=torch.bool),
@@ -133,7 +133,7 @@ def export_eagle_graphs(net: EagleNet, directory: Path) -> None:
               "attention_mask": {0: batch, 2: new, 3: Dim.AUTO}, "past": cache_shapes(1, batch)}
     layer, head = net.graph_files()
     export_optimized(EagleStepGraph(net).eval(), inputs, shapes, directory / layer, external_data=False)
-    _export(_Head(net.head), (torch.zeros(2, C),), ["features"], directory / head)
+    _export(_EagleHead(net), (torch.zeros(2, C),), ["features"], directory / head)
 
 
 class DistilledStepGraph(StepGraph):

@@ -99,8 +99,9 @@ class StepGraph(nn.Module):
             block = cast(Block, module)
             if i in self.hidden_layers:
                 hidden[i] = x
-            out, k, v = self._attend(block, block.attn_norm(x), rope, mask, past[2 * i], past[2 * i + 1])
-            x = x + out
+            residual, h = block.attn_input(x)
+            out, k, v = self._attend(block, h, rope, mask, past[2 * i], past[2 * i + 1])
+            x = residual + out
             x = x + block.mlp(block.mlp_norm(x))
             new_keys.append(k)
             new_values.append(v)

@@ -39,6 +39,8 @@ class DraftVocabNet(nn.Module):
     """State-dict key of the frozen head's weight (a bias-free `Linear` (N, C))."""
     config_class: ClassVar[type[NetConfig]]
     """The configuration a drafter package stores for this network (`drafter.json`'s `config`)."""
+    stores_head: bool = False
+    """The head's weights are the package's own (stored with the others, not rebuilt from the target)."""
 
     @classmethod
     def from_config(cls, target: ModelConfig, config: Any) -> Self:
@@ -74,5 +76,6 @@ class DraftVocabNet(nn.Module):
         raise NotImplementedError
 
     def trainable_state(self) -> dict[str, Tensor]:
-        """The weights a drafter package stores: everything but the head (rebuilt from the target)."""
-        return {k: v for k, v in self.state_dict().items() if k != self.head_key}
+        """The weights a drafter package stores: everything but the head (rebuilt from the target) unless
+        `stores_head`."""
+        return {k: v for k, v in self.state_dict().items() if k != self.head_key or self.stores_head}

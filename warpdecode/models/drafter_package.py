@@ -70,16 +70,18 @@ class DrafterPackage:
     def load_net(self, target: Backbone, net_class: type[NetT], where: str | Path = "drafter package") -> NetT:
         """The trained network of this package for `target` (checked to be the target it was trained for,
         `CheckpointError` otherwise): `net_class` built from the package's typed config
-        (`from_package_config`), the weights loaded and the frozen head rebuilt from the target; on the
+        (`from_package_config`), the weights loaded and the frozen head rebuilt from the target (unless
+        the package stores its own, `stores_head`); on the
         target's device and dtype, in eval mode. `where`: the package, for messages."""
         self.check_target(target)
         with torch.inference_mode(False):  # drafters prepare under inference mode; packing needs normal tensors
             net = net_class.from_package_config(target.config, self.config, f"{where}/{META_FILE}")
             missing, unexpected = net.load_state_dict(self.weights, strict=False)
-            if unexpected or set(missing) != {net.head_key}:
+            if unexpected or set(missing) != (set() if net.stores_head else {net.head_key}):
                 raise ConfigError(f"{where}: drafter weights do not match its config "
                                   f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-            net.tie_head(target)
+            if not net.stores_head:
+                net.tie_head(target)
             return net.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval()
 
     def save(self, directory: str | Path) -> Path:

@@ -23,6 +23,16 @@ Fused features (EAGLE-3): with `feature_layers` naming several of the target's h
 a middle and the final one), the target's feature for pair i is `fuse([h_low; h_mid; f_i])`, a
 linear map to C; the drafter's own predicted features stay C-wide and skip the fusion. The lower
 layers still carry what the final one discards for predicting only the next token.
+
+Layouts. warpdecode's network (above) mixes the feature and the embedding in `fc` before one normed
+block. `layout="eagle"` is EAGLE-1's shape (no norm around the block, `fc` without a bias).
+`layout="eagle3"` is EAGLE-3's shape as SafeAILab/EAGLE (`eagle/model/cnets.py`, `Model`,
+`LlamaDecoderLayeremb`) and vLLM (`vllm/model_executor/models/llama_eagle3.py`) run it: the target's
+feature is `fuse` (their `fc`, 3C → C, no bias) of three hidden states that are *inputs* of target
+layers (none the final normed one; the peers' default is layers 2, L/2 and L-3); a pair enters the
+block 2C wide as `[embed(t) ; feature]`, attention reads `[input_layernorm(embed) ; hidden_norm(feature)]`
+(`Eagle3Block`) and the residual stream starts from the unnormed feature; the block's output, unnormed,
+is the predicted feature fed back at the next depth, and the logits are `lm_head(norm(output))`.
 """
 
 from __future__ import annotations
@@ -36,12 +46,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from warpdecode.errors import ConfigError
-from warpdecode.kernels.packed_linear import Linear
+from warpdecode.kernels.packed_linear import FusedLinear, Linear
 from warpdecode.models.cache import KVCache
 from warpdecode.models.config import ModelConfig
 from warpdecode.models.draft_head import DraftVocabNet, draft_backbone_config
 from warpdecode.models.net_config import NetConfig
-from warpdecode.models.transformer import Block, Transformer, rotate_half
+from warpdecode.models.transformer import Block, Transformer, make_norm, rotate_half
+
+LAYOUTS = (None, "eagle", "eagle3")
+"""The EAGLE network shapes (module docstring): warpdecode's, EAGLE-1's and EAGLE-3's."""
 
 
 def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -94,10 +107,50 @@ class EagleConfig(NetConfig):
     feature_layers: tuple[int, ...] | None = None
     """The target hidden states fused into its feature (EAGLE-3); None: the final one only."""
     layout: str | None = None
-    """None: warpdecode's network; "eagle": EAGLE-1's shape, which vLLM and SafeAILab/EAGLE run (see `EagleNet`)."""
+    """None: warpdecode's network; "eagle" / "eagle3": EAGLE-1's / EAGLE-3's shape, which vLLM, SGLang and
+    SafeAILab/EAGLE run (see the module docstring)."""
+    own_head: bool | None = None
+    """True: the package stores its head (a peer's trained EAGLE-3 head); unset: the target's LM head rows."""
 
     def hidden_layers(self, n_layer: int) -> tuple[int, ...]:
-        return self.feature_layers if self.feature_layers is not None else (n_layer,)
+        return self.feature_layers if self.feature_layers is not None else default_feature_layers(n_layer, self.layout)
+
+
+def default_feature_layers(n_layer: int, layout: str | None) -> tuple[int, ...]:
+    """The target hidden states a network of `layout` reads by default: the final one; for EAGLE-3's
+    shape, the inputs of layers 2, L // 2 and L - 3 (SafeAILab/EAGLE's choice, vLLM's default)."""
+    return (2, n_layer // 2, n_layer - 3) if layout == "eagle3" else (n_layer,)
+
+
+class PairNorm(nn.Module):
+    """EAGLE-3's attention input of a 2C-wide pair `[embedding ; feature]`: each half normed by its own
+    RMSNorm (`input_layernorm`, `hidden_norm`), concatenated."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.width = config.d_model
+        self.input_layernorm = make_norm(config)
+        self.hidden_norm = make_norm(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        C = self.width
+        return torch.cat([self.input_layernorm(x[..., :C]), self.hidden_norm(x[..., C:])], dim=-1)
+
+
+class Eagle3Block(Block):
+    """EAGLE-3's decoder layer: q/k/v read the 2C-wide normed pair (`PairNorm`), the residual stream
+    starts from the pair's feature half, unnormed; the rest is a Llama block."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.attn_norm = PairNorm(config)
+        attn, C = self.attn, config.d_model
+        attn.q_proj, attn.k_proj, attn.v_proj = (Linear(2 * C, layer.out_features, bias=config.qkv_bias)
+                                                 for layer in (attn.q_proj, attn.k_proj, attn.v_proj))
+        attn.qkv = FusedLinear((attn.q_proj, attn.k_proj, attn.v_proj))
+
+    def attn_input(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return x[..., x.shape[-1] // 2 :], self.attn_norm(x)
 
 
 class EagleNet(DraftVocabNet):
@@ -108,48 +161,71 @@ class EagleNet(DraftVocabNet):
     config_class = EagleConfig
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None,
-                 feature_layers: Sequence[int] | None = None, layout: str | None = None) -> None:
+                 feature_layers: Sequence[int] | None = None, layout: str | None = None, own_head: bool = False) -> None:
         """feature_layers: the target's hidden states (0..L) fused into its feature, in this order; the
-        final one (L) must be among them (default: only L).
+        final one (L) must be among them (default: only L). For `layout="eagle3"`: any three distinct
+        ones (default 2, L // 2, L - 3; the peers read layer inputs 1..L-1, see `export/eagle_layout.py`).
 
         layout: None for warpdecode's network; "eagle" for EAGLE-1's shape as SafeAILab/EAGLE
         (`eagle/model/cnets1.py`) and vLLM (`vllm/model_executor/models/llama_eagle.py`) run it, which
         `convert-drafter --format eagle` writes: no norm in front of the block's attention, none after
         the block (its output is the predicted feature and feeds the head as it is), and `fc` without a
-        bias (vLLM builds it without one). The final feature only (no EAGLE-3 fusion)."""
+        bias (vLLM builds it without one). The final feature only (no EAGLE-3 fusion).
+        "eagle3": EAGLE-3's shape (module docstring), which `convert-drafter --format eagle3` writes.
+
+        own_head: the head's weights are the package's own (read from a peer's EAGLE-3 checkpoint, whose
+        head is trained), not the target's LM head rows."""
         super().__init__(draft_vocab_size)
+        if layout not in LAYOUTS:
+            raise ConfigError(f"eagle layout must be unset, 'eagle' (EAGLE-1's shape) or 'eagle3' (EAGLE-3's), "
+                              f"got {layout!r}")
         self.config = draft_backbone_config(target_config, 1, draft_vocab_size, d_ff)
         L, C = target_config.n_layer, target_config.d_model
-        self.feature_layers = tuple(feature_layers) if feature_layers is not None else (L,)
-        if L not in self.feature_layers or len(set(self.feature_layers)) != len(self.feature_layers) or \
-                not set(self.feature_layers) <= set(range(L + 1)):
+        self.feature_layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers(L, layout)
+        distinct = len(set(self.feature_layers)) == len(self.feature_layers)
+        if layout == "eagle3":
+            if len(self.feature_layers) != 3 or not distinct or not set(self.feature_layers) <= set(range(L + 1)):
+                raise ConfigError(f"EAGLE-3's shape reads three distinct target hidden states in 0..{L} "
+                                  f"(feature_layers), got {list(self.feature_layers)}")
+        elif L not in self.feature_layers or not distinct or not set(self.feature_layers) <= set(range(L + 1)):
             raise ConfigError(f"eagle feature_layers must be distinct layers in 0..{L} including the final one "
                               f"({L}), got {list(self.feature_layers)}")
-        if layout not in (None, "eagle") or (layout == "eagle" and len(self.feature_layers) > 1):
-            raise ConfigError(f"eagle layout must be unset or 'eagle' (EAGLE-1's shape, the final feature only), "
-                              f"got {layout!r} with feature_layers {list(self.feature_layers)}")
-        self.layout = layout
+        if layout == "eagle" and len(self.feature_layers) > 1:
+            raise ConfigError(f"eagle layout 'eagle' is EAGLE-1's shape, the final feature only; got feature_layers "
+                              f"{list(self.feature_layers)} (EAGLE-3's shape is layout 'eagle3')")
+        self.layout, self.stores_head = layout, own_head
         self.fuse = Linear(len(self.feature_layers) * C, C, bias=False) if len(self.feature_layers) > 1 else None
-        self.fc = Linear(2 * C, C, bias=layout is None)
+        self.fc = None if layout == "eagle3" else Linear(2 * C, C, bias=layout is None)
         self.layer = Transformer(self.config)
         del self.layer.embed  # the pair input replaces the token embedding (`inputs_embeds`)
+        self.out_norm: nn.Module = nn.Identity()
+        """Between the fed-back feature and the head: EAGLE-3's `norm`; the other shapes feed back the normed output."""
         if layout == "eagle":
             self.block.attn_norm = nn.Identity()
             self.layer.norm = nn.Identity()
+        elif layout == "eagle3":
+            self.layer.blocks[0] = Eagle3Block(self.config)
+            self.layer.input_width = 2 * C
+            self.layer.norm = nn.Identity()
+            self.out_norm = make_norm(self.config)
 
     @classmethod
     def from_config(cls, target: ModelConfig, config: EagleConfig) -> Self:
-        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers, config.layout)
+        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers, config.layout, bool(config.own_head))
 
     def graph_files(self) -> list[str]:
         """The layer's step graph (features, embeds, position_ids, attention_mask, past_key_0 /
         past_value_0 → hidden, new_keys, new_values) and the head's (features (M, C) → logits (M, N))."""
         return ["eagle_layer.onnx", "eagle_head.onnx"]
 
+    def head(self, features: Tensor) -> Tensor:
+        """(..., C) predicted features → (..., N) draft-vocabulary logits (EAGLE-3: through its `norm`)."""
+        return self.frozen_head()(self.out_norm(features))
+
     @property
-    def head(self) -> Linear:
-        assert self.layer.lm_head is not None
-        return self.layer.lm_head
+    def dtype(self) -> torch.dtype:
+        """The network's float dtype (of its features and cache)."""
+        return self.block.attn.o_proj.weight.dtype
 
     @property
     def block(self) -> Block:
@@ -158,20 +234,24 @@ class EagleNet(DraftVocabNet):
     def init_from_target(self, target: Transformer, draft_vocab: Tensor, std: float = 0.02) -> None:
         """Random block weights; fc passes the feature through (identity on its feature half); the norm
         starts as the target's final norm and the head is the target's LM head rows of `draft_vocab`
-        (frozen)."""
+        (frozen). A fusion starts as the final (EAGLE-3's shape: the highest) layer's feature plus small
+        contributions of the others."""
         self.layer.init_weights(std)
         C = target.config.d_model
         with torch.no_grad():
-            nn.init.normal_(self.fc.weight, std=std)
-            self.fc.weight[:, :C] += torch.eye(C)
-            if self.fc.bias is not None:
-                nn.init.zeros_(self.fc.bias)
-            if self.fuse is not None:  # starts as the final feature plus small contributions of the others
+            if self.fc is not None:
+                nn.init.normal_(self.fc.weight, std=std)
+                self.fc.weight[:, :C] += torch.eye(C)
+                if self.fc.bias is not None:
+                    nn.init.zeros_(self.fc.bias)
+            if self.fuse is not None:
                 nn.init.normal_(self.fuse.weight, std=std)
-                final = self.feature_layers.index(target.config.n_layer)
-                self.fuse.weight[:, final * C : (final + 1) * C] += torch.eye(C)
+                top = self.feature_layers.index(max(self.feature_layers))
+                self.fuse.weight[:, top * C : (top + 1) * C] += torch.eye(C)
             if self.layout is None:
                 self.layer.norm.load_state_dict(target.norm.state_dict())
+            elif self.layout == "eagle3":
+                self.out_norm.load_state_dict(target.norm.state_dict())
             self.draft_vocab.copy_(draft_vocab)
         self.tie_head(target)
 
@@ -187,8 +267,9 @@ class EagleNet(DraftVocabNet):
             linear.unpack()
 
     def _input_linears(self) -> list[Linear]:
-        """The linear layers in front of the block: fc, and the fusion of several target layers if any."""
-        return [self.fc] if self.fuse is None else [self.fc, self.fuse]
+        """The linear layers in front of the block: fc (not in EAGLE-3's shape), and the fusion of several
+        target layers if any."""
+        return [layer for layer in (self.fc, self.fuse) if layer is not None]
 
     def target_feature(self, hidden_states: dict[int, Tensor]) -> Tensor:
         """The target's feature (..., C) from its hidden states `feature_layers` (each (..., C))."""
@@ -197,8 +278,9 @@ class EagleNet(DraftVocabNet):
         return self.fuse(torch.cat([hidden_states[j] for j in self.feature_layers], dim=-1))
 
     def pair_inputs(self, features: Tensor, tokens: Tensor, embed: nn.Embedding) -> Tensor:
-        """features (B, T, C) and next tokens (B, T) → block inputs (B, T, C)."""
-        return self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))
+        """features (B, T, C) and next tokens (B, T) → block inputs (B, T, C); EAGLE-3's shape: the pair
+        itself, `[embedding ; feature]` (B, T, 2C)."""
+        return mix_pair(self.fc, features, embed(tokens).to(features.dtype))
 
     def forward(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, positions: Tensor,
                 cache: KVCache | None = None, attention_mask: Tensor | None = None,
@@ -216,8 +298,9 @@ class EagleNet(DraftVocabNet):
         """
         x = self.pair_inputs(features, tokens, embed)
         out = self.layer(tokens, positions, cache, attention_mask, hidden_layers=(1,), inputs_embeds=x,
-                         logits_slice=logits_slice)
-        return out.hidden_states[1], out.logits
+                         logits_slice=slice(0, 0))
+        predicted = out.hidden_states[1]
+        return predicted, self.head(predicted[:, logits_slice or slice(None)])
 
     def unrolled(self, features: Tensor, tokens: Tensor, embed: nn.Embedding, steps: int) -> list[tuple[Tensor, Tensor]]:
         """Training-time test: `steps` drafting steps from every start position of teacher-forced sequences.
@@ -239,8 +322,9 @@ class EagleNet(DraftVocabNet):
         feature = features[:, :n]
         outputs = []
         for k in range(steps):
-            x = self.pair_inputs(feature, shift_left(tokens, 1 + k, n), embed)  # (B, n, C)
-            q, key, value = attn.qkv(block.attn_norm(x))
+            x = self.pair_inputs(feature, shift_left(tokens, 1 + k, n), embed)  # (B, n, C or 2C)
+            residual, h = block.attn_input(x)
+            q, key, value = attn.qkv(h)
             q = q.view(B, n, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, n, D)
             key = key.view(B, n, attn.n_kv_head, attn.head_dim).transpose(1, 2)  # (B, Hkv, n, D)
             value = value.view(B, n, attn.n_kv_head, attn.head_dim).transpose(1, 2)
@@ -249,8 +333,16 @@ class EagleNet(DraftVocabNet):
             keys.append(key * cos + rotate_half(key) * sin)
             values.append(value)
             y = ttt_attention(q, keys, values)  # (B, H, n, D)
-            x = x + attn.o_proj(y.transpose(1, 2).reshape(B, n, attn.n_head * attn.head_dim))
+            x = residual + attn.o_proj(y.transpose(1, 2).reshape(B, n, attn.n_head * attn.head_dim))
             x = x + block.mlp(block.mlp_norm(x))
             feature = self.layer.norm(x)
             outputs.append((feature, self.head(feature)))
         return outputs
+
+
+def mix_pair(fc: Linear | None, features: Tensor, embeds: Tensor) -> Tensor:
+    """A pair's block input from its feature and token embedding (..., C) each: `fc([feature ; embedding])`,
+    or, without `fc` (EAGLE-3's shape), `[embedding ; feature]` (..., 2C)."""
+    if fc is None:
+        return torch.cat([embeds, features], dim=-1)
+    return fc(torch.cat([features, embeds], dim=-1))

@@ -325,8 +325,14 @@ class Block(nn.Module):
         self.attn.unpack()
         self.mlp.unpack()
 
+    def attn_input(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(residual, attention input) of block inputs x (B, T, C_in): x and its norm here; an EAGLE-3
+        layer's 2C-wide inputs split (`models/eagle.py`)."""
+        return x, self.attn_norm(x)
+
     def forward(self, x: Tensor, ctx: LayerContext, layer: int) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), ctx, layer)
+        residual, h = self.attn_input(x)
+        x = residual + self.attn(h, ctx, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -346,6 +352,8 @@ class Transformer(nn.Module):
         if torch.get_default_device().type != "meta":  # a meta build allocates nothing (checkpoint loading)
             config.check_fits_in_memory(torch.get_default_dtype().itemsize)
         self.config = config
+        self.input_width = config.d_model
+        """Width of `inputs_embeds` (an EAGLE-3 layer's pairs are 2C wide, `models/eagle.py`)."""
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -491,8 +499,8 @@ class Transformer(nn.Module):
         elif positions.shape != tokens.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
 
-        if inputs_embeds is not None and inputs_embeds.shape != (B, T, self.config.d_model):
-            raise ValueError(f"inputs_embeds {tuple(inputs_embeds.shape)} must be ({B}, {T}, {self.config.d_model})")
+        if inputs_embeds is not None and inputs_embeds.shape != (B, T, self.input_width):
+            raise ValueError(f"inputs_embeds {tuple(inputs_embeds.shape)} must be ({B}, {T}, {self.input_width})")
         if layer_gates is not None and layer_gates.shape != (B, self.config.n_layer):
             raise ValueError(f"layer_gates {tuple(layer_gates.shape)} must be ({B}, {self.config.n_layer})")
         x = self.embed(tokens) if inputs_embeds is None else inputs_embeds  # (B, T, C)

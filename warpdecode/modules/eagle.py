@@ -33,7 +33,7 @@ class EagleModule(DrafterModule):
         feature_layers: list[int] | None = None,
         steps: int = 5,
         step_decay: float = 0.8,
-        feature_weight: float = 1.0,
+        feature_weight: float | None = None,
         token_weight: float = 0.1,
         layout: str | None = None,
         **training: Any,
@@ -42,22 +42,31 @@ class EagleModule(DrafterModule):
         Args:
             d_ff: MLP width of the draft block (default: the target's).
             feature_layers: The target's hidden states (0..L, the final one L included) fused into the
-                drafter's input feature, EAGLE-3 style (default: only the final one).
+                drafter's input feature, EAGLE-3 style (default: only the final one). For `layout: eagle3`,
+                three distinct target layer inputs in 0..L-1 (default 2, L // 2, L - 3).
             steps: Drafting steps unrolled in training (training-time test); also the depth of the
                 validation ranks the simulated acceptance and the tree are computed from.
             step_decay: Loss weight of step k is step_decay**k.
-            feature_weight: Weight of the feature regression (SmoothL1) loss.
+            feature_weight: Weight of the feature regression (SmoothL1) loss (default 1.0; 0 for
+                `layout: eagle3`, whose fed-back features are unnormed block outputs with no target to match).
             token_weight: Weight of the token distillation (soft cross-entropy) loss.
             layout: None for warpdecode's network; "eagle" for EAGLE-1's shape (no norms around the
-                block, fc without a bias), which `convert-drafter --format eagle` writes for vLLM and
-                SafeAILab/EAGLE (`models/eagle.py`).
+                block, fc without a bias) and "eagle3" for EAGLE-3's (the embedding and the fused feature
+                normed apart and read 2C wide by attention), which `convert-drafter --format eagle|eagle3`
+                writes for vLLM, SGLang and SafeAILab/EAGLE (`models/eagle.py`).
             **training: `DrafterTraining`'s keywords (target, draft vocabulary, optimizer, tree,
                 export_dir).
         """
+        if feature_weight is None:
+            feature_weight = 0.0 if layout == "eagle3" else 1.0
+        elif layout == "eagle3" and feature_weight > 0:
+            raise ConfigError("layout eagle3 trains on the token loss alone: its fed-back features are unnormed block "
+                              f"outputs with no target feature to regress on; set feature_weight: 0, got {feature_weight}")
         if steps < 1 or not 0 < step_decay <= 1 or feature_weight < 0 or token_weight < 0:
             raise ConfigError(f"need steps >= 1, 0 < step_decay <= 1 and non-negative loss weights, got "
                               f"{steps}, {step_decay}, {feature_weight}, {token_weight}")
         super().__init__(DrafterTraining(**training))
+        self.hparams["feature_weight"] = feature_weight
         vocab = min(self.training_args.draft_vocab_size, self.target.config.vocab_size)
         self.net = EagleNet(self.target.config, vocab, d_ff, feature_layers, layout)
         self.net.tie_head(self.target)
@@ -68,17 +77,20 @@ class EagleModule(DrafterModule):
 
     def _unroll(self, batch: dict[str, Tensor]) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
         """The unrolled steps and the (B, T, C) target's final features."""
-        hidden = self.hidden_states(batch, self.net.feature_layers)
-        fused = self.net.target_feature({j: h.to(self.net.fc.weight.dtype) for j, h in hidden.items()})
+        L = self.target.config.n_layer
+        layers = self.net.feature_layers if L in self.net.feature_layers else (*self.net.feature_layers, L)
+        hidden = self.hidden_states(batch, layers)
+        fused = self.net.target_feature({j: hidden[j].to(self.net.dtype) for j in self.net.feature_layers})
         outputs = self.net.unrolled(fused, batch["tokens"], self.target.embed, self.hparams["steps"])
-        return outputs, hidden[self.target.config.n_layer]
+        return outputs, hidden[L]
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         outputs, features = self._unroll(batch)
         tokens, lengths = batch["tokens"], batch["lengths"]
         n = tokens.shape[1] - 1
         with torch.no_grad():
-            target_probs = self.net.head(features.to(self.net.head.weight.dtype)).float().softmax(-1)  # (B, T, N)
+            head = self.net.frozen_head()  # the target's LM head rows: its distribution on the draft vocabulary
+            target_probs = head(features.to(head.weight.dtype)).float().softmax(-1)  # (B, T, N)
         total = torch.zeros((), device=tokens.device)
         parts: dict[str, Tensor] = {}
         for k, (predicted, logits) in enumerate(outputs):

@@ -29,12 +29,13 @@ def packages(target, tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     return {"eagle": eagle_package(target, root / "eagle"),
             "eagle3": eagle_package(target, root / "eagle3", feature_layers=(1, 3)),
-            "eagle-layout": eagle_package(target, root / "layout", layout="eagle")}
+            "eagle-layout": eagle_package(target, root / "layout", layout="eagle"),
+            "eagle3-layout": eagle_package(target, root / "layout3", layout="eagle3")}
 
 
 @pytest.mark.parametrize("options", [{}, {"tree": "chain", "num_tokens": 4}, {"num_nodes": 4}],
                          ids=["static", "chain", "4 nodes"])
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle-layout"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle-layout", "eagle3-layout"])
 def test_equals_the_engine_in_every_form(target, packages, kind, options) -> None:
     form = device_form(build_method("eagle", options={"path": packages[kind]} | options).drafter)
     session = CudaGraphBackbone(target, graphs=False)

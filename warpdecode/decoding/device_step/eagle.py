@@ -80,7 +80,7 @@ class DeviceEagle(DeviceLearned[EagleNet]):
         self.first_nodes = torch.tensor(first, dtype=torch.int64, device=device)
         self.first_ranks = torch.tensor([paths[i][0] for i in first], dtype=torch.int64, device=device)
         P = self.tree.tables.max_depth + 1
-        dtype = self.net.fc.weight.dtype
+        dtype = self.net.dtype
         self.caches, self.cache = {}, None
         self.committed = torch.zeros(1, dtype=torch.int64, device=device)
         self.pair_features = torch.zeros(P, target.config.d_model, dtype=dtype, device=device)
@@ -97,9 +97,9 @@ class DeviceEagle(DeviceLearned[EagleNet]):
         size = capacity + self.tree.width + self.pair_features.shape[0]
         if size not in self.caches:
             self.caches[size] = KVCache(1, 1, net.config.kv_head_count, size, net.config.head_width,
-                                        dtype=net.fc.weight.dtype, device=self.committed.device)
+                                        dtype=net.dtype, device=self.committed.device)
         self.cache = self.caches[size]
-        features = net.target_feature({j: h.to(net.fc.weight.dtype) for j, h in hidden.items()})  # (n, C)
+        features = net.target_feature({j: h.to(net.dtype) for j, h in hidden.items()})  # (n, C)
         n = features.shape[0]
         self.committed.zero_()
         if n > 1:
@@ -115,7 +115,7 @@ class DeviceEagle(DeviceLearned[EagleNet]):
         features. features: (T, C); tokens, positions: (T,) int64; mask: (1, T, T) bool."""
         net, embed, cache = self.net, self.embed, self.cache
         assert net is not None and embed is not None and cache is not None
-        x = net.pair_inputs(features[None], tokens[None], embed)  # (1, T, C)
+        x = net.pair_inputs(features[None], tokens[None], embed)  # (1, T, C or 2C)
         limit = net.config.max_seq_len - 1
         out = net.layer.forward_static(tokens[None], positions.clamp(max=limit)[None], self.committed, mask, cache,
                                        hidden_layers=(1,), inputs_embeds=x)

@@ -96,7 +96,7 @@ class EagleDrafter(PackagedDrafter[EagleNet]):
 
     def start(self, state: DecodeState) -> None:
         assert self.net is not None, "prepare() must run first"
-        self.cache = KVCache.for_model(self.net.config, 1, state.cache.max_len, dtype=self.net.fc.weight.dtype,
+        self.cache = KVCache.for_model(self.net.config, 1, state.cache.max_len, dtype=self.net.dtype,
                                        device=state.cache.k[0].device)
         self.committed = 0
         self.pairs = (self.target_feature(state), state.tokens[1:])  # features after each prompt token
@@ -111,7 +111,7 @@ class EagleDrafter(PackagedDrafter[EagleNet]):
         """(m, C) the target's features of the last forward's kept rows (fused from several layers by the
         PyTorch network, also on an ONNX Runtime target)."""
         assert self.net is not None
-        return self.net.target_feature({j: state.hidden_states[j].to(self.net.fc.weight.dtype)
+        return self.net.target_feature({j: state.hidden_states[j].to(self.net.dtype)
                                         for j in self.net.feature_layers})
 
     def run(self, features: Tensor, tokens: list[int], depths: list[int], mask: Tensor | None) -> Tensor:
