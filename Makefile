@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
+# Two pytest-xdist workers of one thread each (tests/conftest.py); the tests of a module that builds an
+# expensive fixture share an `xdist_group`, so it is built once. `make test XDIST=` runs in one process.
+XDIST ?= -n 2 --dist loadgroup
+
 .PHONY: setup test test-fast demo lint typecheck clean pair bench-pair
 
 setup: $(STAMP)
@@ -21,10 +25,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check warpdecode tests scripts
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy warpdecode
-	WANDB_MODE=offline $(PY) -m pytest -q --durations=15
+	WANDB_MODE=offline $(PY) -m pytest -q --durations=15 $(XDIST)
 
 test-fast: $(STAMP)
-	WANDB_MODE=offline $(PY) -m pytest -q -m "not slow"
+	WANDB_MODE=offline $(PY) -m pytest -q -m "not slow" $(XDIST)
 
 demo: $(STAMP)
 	$(PY) -m warpdecode.demo

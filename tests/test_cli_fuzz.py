@@ -33,7 +33,7 @@ from tiny_models import distilled_package, eagle_package, save_tiny_model
 from warpdecode import commands
 from warpdecode.models.named import DEFAULT_MODEL, named_model_gguf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_fuzz")]  # one worker runs every case once
 
 CASE_SECONDS = 60
 """A case past this is a hang: they take milliseconds to a second, and a loaded machine must not fail them."""

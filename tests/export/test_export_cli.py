@@ -12,7 +12,7 @@ from warpdecode.bench.results import BenchConfig
 from warpdecode.cli import main
 from warpdecode.models.checkpoint import load_pretrained
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.xdist_group("export_cli")]
 
 
 def run(argv, capsys):

@@ -10,7 +10,7 @@ from warpdecode.decoding.generate import build_method, generate
 from warpdecode.export.package import export_package
 from warpdecode.runtime.package import InferencePackage
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_model_export")]  # one worker builds the package
 
 PROMPTS = [
     "Write a Python function that returns the squares of the even numbers in a list.",
