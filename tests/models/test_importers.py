@@ -237,3 +237,21 @@ def test_config_errors_name_the_field() -> None:
         config_from_hf(
             {"model_type": "llama", "vocab_size": 8, "num_attention_heads": 4, "num_hidden_layers": 1}
         )
+
+
+def test_a_cache_entry_another_process_finished_first_is_kept(tmp_path):
+    """`resolve` converts into the cache with `replace=False`: when a concurrent conversion of the same
+    source finished first, its directory stays (readers may have its files open); a user-named output
+    is replaced."""
+    from tiny_models import save_tiny_model
+
+    from warpdecode.models.checkpoint import convert
+
+    source = save_tiny_model(tmp_path / "source")
+    entry = convert(source, tmp_path / "cache" / "model", replace=False)
+    (entry / "theirs").write_text("a reader's file")
+    convert(source, entry, replace=False)  # the later of two concurrent conversions
+    assert (entry / "theirs").is_file() and (entry / "config.json").is_file()
+    assert not list(entry.parent.glob("model.*"))  # no temporary folder left behind
+    convert(source, entry)
+    assert not (entry / "theirs").exists()

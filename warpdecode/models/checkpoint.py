@@ -40,10 +40,12 @@ MAX_CONFIG_BYTES = 16 << 20
 
 
 def write_checkpoint(
-    directory: Path, config: ModelConfig, hf_weights: dict[str, Tensor], tokenizer: Tokenizer | None
+    directory: Path, config: ModelConfig, hf_weights: dict[str, Tensor], tokenizer: Tokenizer | None,
+    *, replace: bool = True,
 ) -> None:
-    """Write a Hugging Face-layout checkpoint atomically (a half-written directory never appears)."""
-    with atomic_directory(directory) as tmp:
+    """Write a Hugging Face-layout checkpoint atomically (a half-written directory never appears);
+    `replace=False` for a cache entry (`atomic_directory`)."""
+    with atomic_directory(directory, replace=replace) as tmp:
         (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
         save_file({k: v.contiguous() for k, v in hf_weights.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
@@ -55,15 +57,17 @@ def save_pretrained(model: Transformer, tokenizer: Tokenizer | None, directory: 
     write_checkpoint(Path(directory), model.config, state_dict_to_hf(state, model.config), tokenizer)
 
 
-def convert(source: str | Path, out: str | Path) -> Path:
-    """Convert a HF directory, a GGUF file or a registered name into a warpdecode model directory."""
+def convert(source: str | Path, out: str | Path, *, replace: bool = True) -> Path:
+    """Convert a HF directory, a GGUF file or a registered name into a warpdecode model directory.
+    `replace=False`: `out` is a cache entry that a concurrent conversion may have completed first (theirs
+    is kept: replacing it would delete files a reader of theirs has open)."""
     out = Path(out)
     if str(source) in NAMED_MODELS:
         source = named_model_gguf(str(source))
     source = Path(source)
     tokenizer: Tokenizer | None
     if source.suffix == ".gguf" and source.is_file() and streams(source):
-        with atomic_directory(out) as tmp:  # one tensor in memory at a time
+        with atomic_directory(out, replace=replace) as tmp:  # one tensor in memory at a time
             write_streamed(source, tmp)
         return out
     if source.suffix == ".gguf":
@@ -78,7 +82,7 @@ def convert(source: str | Path, out: str | Path) -> Path:
         )
     if config.tie_embeddings:
         weights.pop("lm_head.weight", None)
-    write_checkpoint(out, config, weights, tokenizer)
+    write_checkpoint(out, config, weights, tokenizer, replace=replace)
     return out
 
 
@@ -103,7 +107,7 @@ def resolve(source: str | Path) -> Path:
             )
         return path
     if not (target / "config.json").is_file():
-        convert(name, target)
+        convert(name, target, replace=False)
     return target
 
 
