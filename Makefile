@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-# Two pytest-xdist workers of one thread each (tests/conftest.py); the tests of a module that builds an
-# expensive fixture share an `xdist_group`, so it is built once. `make test XDIST=` runs in one process.
-XDIST ?= -n 2 --dist loadgroup
+# Two pytest-xdist workers of one thread each (tests/conftest.py); the expensive fixtures are built once
+# and shared by both (tests/built_once.py). `make test XDIST=` runs in one process.
+XDIST ?= -n 2
 
 .PHONY: setup test test-fast demo lint typecheck clean pair bench-pair
 

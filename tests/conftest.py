@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from built_once import built_once
 from tiny_models import (
     DRAFTER_OPTIONS,
     clover_package,
@@ -116,6 +117,6 @@ def tiny_package(tmp_path_factory, drafter_options) -> Path:
     """`greedy_target()` exported with hidden states 1 and 3 (its final one: those its EAGLE fuses), its untrained EAGLE,
     Medusa, Hydra, distilled and Clover drafters, and int8 and int4 graphs; no tokenizer."""
     drafters = [drafter_options[kind]["path"] for kind in ("eagle", "medusa", "hydra", "distilled", "clover")]
-    return export_package(greedy_target(), None, tmp_path_factory.mktemp("pkg") / "tiny", source="greedy_target",
-                          drafters=drafters, generation={"method": "hydra"},
-                          quantize=("int8", "int4"))
+    return built_once(tmp_path_factory, "tiny", lambda root: export_package(
+        greedy_target(), None, root / "tiny", source="greedy_target", drafters=drafters, generation={"method": "hydra"},
+        quantize=("int8", "int4")))

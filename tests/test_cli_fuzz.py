@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from built_once import built_once
 from tiny_models import distilled_package, eagle_package, save_tiny_model
 
 from warpdecode import commands
 from warpdecode.models.named import DEFAULT_MODEL, named_model_gguf
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_fuzz")]  # one worker runs every case once
+pytestmark = pytest.mark.slow
 
 CASE_SECONDS = 60
 """A case past this is a hang: they take milliseconds to a second, and a loaded machine must not fail them."""
@@ -589,10 +590,17 @@ ALL_CASES: list[tuple[str, list[str], str]] = [
 
 @pytest.fixture(scope="module")
 def fuzz_results(tmp_path_factory: pytest.TempPathFactory, dlm_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every case run once in one worker process (shared by the pytest-xdist workers: `built_once`)."""
+    results = built_once(tmp_path_factory, "fuzz", lambda base: _run_cases(base / "fuzz", dlm_dir)) / "results.json"
+    return json.loads(results.read_text())
+
+
+def _run_cases(root: Path, dlm_dir: Path) -> None:
+    """Build the cases' inputs under `root`, run every case, and leave `root / "results.json"`."""
     from warpdecode.export.package import export_package
     from warpdecode.models.checkpoint import load_pretrained
 
-    root = tmp_path_factory.mktemp("fuzz")
+    root.mkdir()
     model_dir = save_tiny_model(root / "model")
     model, tokenizer = load_pretrained(model_dir)
     package = export_package(model, tokenizer, root / "package", source="tiny")
@@ -639,7 +647,6 @@ def fuzz_results(tmp_path_factory: pytest.TempPathFactory, dlm_dir: Path) -> dic
                           timeout=CASE_SECONDS * len(cases) + 60)
     done = json.loads(results.read_text()) if results.exists() else {}
     assert proc.returncode == 0, f"the fuzz worker died after {len(done)} cases: {proc.stderr[-3000:]}"
-    return done
 
 
 def _fill(arg: str, values: dict[str, Path]) -> str:

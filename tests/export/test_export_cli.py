@@ -12,7 +12,7 @@ from warpdecode.bench.results import BenchConfig
 from warpdecode.cli import main
 from warpdecode.models.checkpoint import load_pretrained
 
-pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.xdist_group("export_cli")]
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def run(argv, capsys):

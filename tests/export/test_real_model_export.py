@@ -3,6 +3,7 @@ lossless method tried here token-identical to PyTorch greedy, trained-drafter ki
 
 import pytest
 import torch
+from built_once import built_once
 from tiny_models import eagle_package, heads_package
 
 from warpdecode.decoding import registry
@@ -10,7 +11,7 @@ from warpdecode.decoding.generate import build_method, generate
 from warpdecode.export.package import export_package
 from warpdecode.runtime.package import InferencePackage
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_model_export")]  # one worker builds the package
+pytestmark = pytest.mark.slow
 
 PROMPTS = [
     "Write a Python function that returns the squares of the even numbers in a list.",
@@ -24,12 +25,13 @@ LOGIT_TOLERANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def package(smollm2, tmp_path_factory):
-    drafters = tmp_path_factory.mktemp("drafters")
-    paths = [eagle_package(smollm2.model, drafters / "eagle", std=0.02),
-             heads_package(smollm2.model, drafters / "hydra", "hydra", std=0.02)]
-    out = export_package(smollm2.model, smollm2.tokenizer, tmp_path_factory.mktemp("pkg") / "smollm2",
-                         source="smollm2-135m-instruct", drafters=paths, quantize=("int8", "int4"))
-    return InferencePackage.load(out)
+    def build(root):
+        paths = [eagle_package(smollm2.model, root / "eagle", std=0.02),
+                 heads_package(smollm2.model, root / "hydra", "hydra", std=0.02)]
+        export_package(smollm2.model, smollm2.tokenizer, root / "smollm2", source="smollm2-135m-instruct",
+                       drafters=paths, quantize=("int8", "int4"))
+
+    return InferencePackage.load(built_once(tmp_path_factory, "smollm2", build))
 
 
 @pytest.fixture(scope="module", params=["onnxruntime", "onnxruntime-portable"])

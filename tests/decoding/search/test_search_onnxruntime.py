@@ -9,7 +9,7 @@ from warpdecode.decoding.search.diverse_beam import DiverseBeamSearch
 from warpdecode.decoding.search.sample import MultiSample
 from warpdecode.runtime.package import InferencePackage
 
-pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.xdist_group("search_onnxruntime")]
+pytestmark = pytest.mark.usefixtures("single_thread")
 pytest.importorskip("onnxruntime")
 
 
