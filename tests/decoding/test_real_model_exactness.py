@@ -32,8 +32,10 @@ PROMPTS = [
         "bicycle lanes remove parking spaces in front of their shops."
     ),
     "Write a Python function that returns the squares of the even numbers in a list.",
-    "What is the difference between a process and a thread?",
 ]
+"""An input-grounded prompt (what lookup-style drafters copy from) and an open one, 40 tokens each for every
+drafter: about 20 s of real-model decoding per drafter (untrained drafters cost ~2x plain); the tiny-model
+exactness suite covers the many more shapes and prompts."""
 NEW_TOKENS = 40
 
 
