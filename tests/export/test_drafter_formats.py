@@ -364,7 +364,7 @@ def test_eagle3_layout_computes_what_the_peers_compute_and_reads_back(target4, t
         back_dir = _convert(out, tmp_path / "back", "warpdecode", target4)
         back = DrafterPackage.load(back_dir, "eagle")
         assert back.config | {"feature_layers": None} == {"draft_vocab_size": N, "d_ff": model.config.d_ff,
-                                                           "feature_layers": None, "layout": "eagle3", "own_head": True}
+                                                           "feature_layers": None, "layout": "eagle3", "stores_head": True}
         assert "layer.lm_head.weight" in back.weights
         again = back.load_net(model, EagleNet)
         again_out, again_logits = again(again.target_feature(hidden), tokens, model.embed, torch.arange(1, T + 1)[None])
@@ -393,6 +393,7 @@ def test_eagle3_checkpoints_that_do_not_fit_are_refused_in_one_line(target4, tmp
         (CheckpointError, "three distinct target layers", {}, {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}),
         (CheckpointError, r"fc.weight must be \(32, 96\)", {"fc.weight": torch.zeros(C, 2 * C)}, {}),
         (CapabilityError, "rope_theta", {}, {"rope_theta": 1.0}),
+        (CapabilityError, "rope_theta 'abc'", {}, {"rope_theta": "abc"}),
     ]
     for i, (error, message, changed, config_changes) in enumerate(cases):
         case = tmp_path / f"case{i}"

@@ -35,7 +35,7 @@ layer order). An EagleNet of `layout="eagle3"` is that network (`models/eagle.py
 ids), `model.safetensors` with `midlayer.*`, `fc.weight` (C, 3C), `norm.weight`, `lm_head.weight` (N, C),
 `d2t` and `t2d`. SafeAILab/EAGLE's own code reads layers 2, L // 2 and L - 3 whatever the config says:
 a drafter of other `feature_layers` runs as trained only on vLLM and SGLang. Published EAGLE-3
-checkpoints read back into packages that keep their trained `lm_head` (`own_head`).
+checkpoints read back into packages that keep their trained `lm_head` (`stores_head`).
 
 warpdecode's default network cannot be written in either layout without changing the function the
 drafter computes (a norm of a sum is not a sum of norms), so `convert-drafter` refuses with the
@@ -204,9 +204,8 @@ def write_eagle3(package: DrafterPackage, target: Transformer, out: Path, *, whe
                               f"normed state ({c.n_layer}); feature_layers {layers}")
     state = {key: value.detach() for key, value in net.state_dict().items()}
     weights = {name: state[key] for name, key in EAGLE3_NAMES.items()}
-    fuse = state["fuse.weight"]  # (C, 3C), column blocks in `feature_layers` order; the peers' in layer order
-    weights["fc.weight"] = torch.cat([fuse[:, net.feature_layers.index(j) * C : (net.feature_layers.index(j) + 1) * C]
-                                      for j in layers], dim=1)
+    order = [net.feature_layers.index(j) for j in layers]  # fuse's column blocks in layer order, as the peers'
+    weights["fc.weight"] = state["fuse.weight"].view(C, 3, C)[:, order].reshape(C, 3 * C)
     vocab = net.draft_vocab.long().cpu()
     weights["d2t"] = vocab - torch.arange(N)
     weights["t2d"] = torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, vocab, True)
@@ -244,8 +243,9 @@ def read_eagle3(source: Path, weights: dict[str, Tensor], target: Transformer, *
     if config.get("target_hidden_size", C) != C or tuple(weights["fc.weight"].shape) != (C, 3 * C):
         raise CheckpointError(f"{source}: fc.weight must be ({C}, {3 * C}) for this target (three of its {C}-wide "
                               f"hidden states), got {list(weights['fc.weight'].shape)}")
-    if "rope_theta" in config and float(config["rope_theta"]) != float(c.rope_theta):
-        raise CapabilityError(f"{source}: rope_theta {config['rope_theta']} differs from the target's {c.rope_theta}, "
+    theta = config.get("rope_theta")
+    if theta is not None and (not isinstance(theta, int | float) or float(theta) != float(c.rope_theta)):
+        raise CapabilityError(f"{source}: rope_theta {theta!r} differs from the target's {c.rope_theta}, "
                               "which warpdecode's draft layer uses")
     embed = weights.pop("embed_tokens.weight", None)
     if embed is not None and (embed.shape != target.embed.weight.shape or not torch.allclose(
@@ -255,8 +255,8 @@ def read_eagle3(source: Path, weights: dict[str, Tensor], target: Transformer, *
     N = int(weights["lm_head.weight"].shape[0])
     d2t = weights.pop("d2t", torch.zeros(N, dtype=torch.int64)).long()  # none: the full vocabulary in order
     weights.pop("t2d", None)
-    vocab = d2t + torch.arange(N) if d2t.shape == (N,) else d2t
-    if vocab.shape != (N,) or N == 0 or int(vocab.min()) < 0 or int(vocab.max()) >= V or len(set(vocab.tolist())) != N:
+    vocab = d2t + torch.arange(N) if d2t.shape == (N,) else torch.empty(0, dtype=torch.int64)
+    if len(vocab) != N or N == 0 or int(vocab.min()) < 0 or int(vocab.max()) >= V or len(set(vocab.tolist())) != N:
         raise CheckpointError(f"{source}: d2t must map the {N} draft ids to distinct target ids in 0..{V - 1}")
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids") or list(default_feature_layers(L, "eagle3"))
@@ -269,7 +269,7 @@ def read_eagle3(source: Path, weights: dict[str, Tensor], target: Transformer, *
     state["draft_vocab"] = vocab
     package = DrafterPackage("eagle", DrafterPackage.describe_target(target, source_name),
                              {"draft_vocab_size": N, "d_ff": d_ff, "feature_layers": sorted(ids), "layout": "eagle3",
-                              "own_head": True}, state, {})
+                              "stores_head": True}, state, {})
     try:
         package.load_net(target, EagleNet, str(source))  # every weight present and of its shape
     except RuntimeError as e:  # a tensor of another shape than this target's one-layer draft

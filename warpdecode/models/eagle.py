@@ -28,8 +28,8 @@ Layouts. warpdecode's network (above) mixes the feature and the embedding in `fc
 block. `layout="eagle"` is EAGLE-1's shape (no norm around the block, `fc` without a bias).
 `layout="eagle3"` is EAGLE-3's shape as SafeAILab/EAGLE (`eagle/model/cnets.py`, `Model`,
 `LlamaDecoderLayeremb`) and vLLM (`vllm/model_executor/models/llama_eagle3.py`) run it: the target's
-feature is `fuse` (their `fc`, 3C → C, no bias) of three hidden states that are *inputs* of target
-layers (none the final normed one; the peers' default is layers 2, L/2 and L-3); a pair enters the
+feature is `fuse` (their `fc`, 3C → C, no bias) of three target hidden states (the peers read inputs
+of target layers 1..L-1, by default 2, L/2 and L-3; `export/eagle_layout.py`); a pair enters the
 block 2C wide as `[embed(t) ; feature]`, attention reads `[input_layernorm(embed) ; hidden_norm(feature)]`
 (`Eagle3Block`) and the residual stream starts from the unnormed feature; the block's output, unnormed,
 is the predicted feature fed back at the next depth, and the logits are `lm_head(norm(output))`.
@@ -109,7 +109,7 @@ class EagleConfig(NetConfig):
     layout: str | None = None
     """None: warpdecode's network; "eagle" / "eagle3": EAGLE-1's / EAGLE-3's shape, which vLLM, SGLang and
     SafeAILab/EAGLE run (see the module docstring)."""
-    own_head: bool | None = None
+    stores_head: bool | None = None
     """True: the package stores its head (a peer's trained EAGLE-3 head); unset: the target's LM head rows."""
 
     def hidden_layers(self, n_layer: int) -> tuple[int, ...]:
@@ -161,7 +161,7 @@ class EagleNet(DraftVocabNet):
     config_class = EagleConfig
 
     def __init__(self, target_config: ModelConfig, draft_vocab_size: int, d_ff: int | None = None,
-                 feature_layers: Sequence[int] | None = None, layout: str | None = None, own_head: bool = False) -> None:
+                 feature_layers: Sequence[int] | None = None, layout: str | None = None, stores_head: bool = False) -> None:
         """feature_layers: the target's hidden states (0..L) fused into its feature, in this order; the
         final one (L) must be among them (default: only L). For `layout="eagle3"`: any three distinct
         ones (default 2, L // 2, L - 3; the peers read layer inputs 1..L-1, see `export/eagle_layout.py`).
@@ -173,7 +173,7 @@ class EagleNet(DraftVocabNet):
         bias (vLLM builds it without one). The final feature only (no EAGLE-3 fusion).
         "eagle3": EAGLE-3's shape (module docstring), which `convert-drafter --format eagle3` writes.
 
-        own_head: the head's weights are the package's own (read from a peer's EAGLE-3 checkpoint, whose
+        stores_head: the head's weights are the package's own (read from a peer's EAGLE-3 checkpoint, whose
         head is trained), not the target's LM head rows."""
         super().__init__(draft_vocab_size)
         if layout not in LAYOUTS:
@@ -193,7 +193,7 @@ class EagleNet(DraftVocabNet):
         if layout == "eagle" and len(self.feature_layers) > 1:
             raise ConfigError(f"eagle layout 'eagle' is EAGLE-1's shape, the final feature only; got feature_layers "
                               f"{list(self.feature_layers)} (EAGLE-3's shape is layout 'eagle3')")
-        self.layout, self.stores_head = layout, own_head
+        self.layout, self.stores_head = layout, stores_head
         self.fuse = Linear(len(self.feature_layers) * C, C, bias=False) if len(self.feature_layers) > 1 else None
         self.fc = None if layout == "eagle3" else Linear(2 * C, C, bias=layout is None)
         self.layer = Transformer(self.config)
@@ -211,7 +211,7 @@ class EagleNet(DraftVocabNet):
 
     @classmethod
     def from_config(cls, target: ModelConfig, config: EagleConfig) -> Self:
-        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers, config.layout, bool(config.own_head))
+        return cls(target, config.draft_vocab_size, config.d_ff, config.feature_layers, config.layout, bool(config.stores_head))
 
     def graph_files(self) -> list[str]:
         """The layer's step graph (features, embeds, position_ids, attention_mask, past_key_0 /
